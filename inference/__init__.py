@@ -1,0 +1,1 @@
+"""Online inference: model registry, runtime, batching, admission and the predict API."""

@@ -1,0 +1,61 @@
+"""Authentication for the async predict view: the same tokens and sessions DRF accepts elsewhere.
+
+DRF's authentication classes are sync and hit the database on every call; on the hot path a web
+process keeps a token it has looked up for API_TOKEN_CACHE_S (so a revoked token works that long).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.conf import settings
+from django.middleware.csrf import CsrfViewMiddleware
+from rest_framework.authtoken.models import Token
+
+from platform_.errors import ApiError
+
+_token_cache: dict[str, tuple[float, Any]] = {}
+_TOKEN_CACHE_MAX = 10_000
+
+
+def _unauthenticated(detail: str) -> ApiError:
+    return ApiError(401, "not_authenticated", detail, headers={"WWW-Authenticate": "Token"})
+
+
+async def _user_for_token(key: str) -> Any:
+    now = time.monotonic()
+    cached = _token_cache.get(key)
+    if cached and cached[0] > now:
+        return cached[1]
+    token = await Token.objects.select_related("user").filter(key=key).afirst()
+    if token is None or not token.user.is_active:
+        raise _unauthenticated("invalid token")
+    if len(_token_cache) >= _TOKEN_CACHE_MAX:
+        _token_cache.clear()
+    _token_cache[key] = (now + settings.API_TOKEN_CACHE_S, token.user)
+    return token.user
+
+
+def _enforce_csrf(request: Any) -> None:
+    """Session callers are browsers, so their POSTs need the CSRF token (as DRF's SessionAuthentication does)."""
+    check = CsrfViewMiddleware(lambda req: None)
+    check.process_request(request)
+    reason = check.process_view(request, None, (), {})
+    if reason:
+        raise ApiError(403, "csrf_failed", f"CSRF failed: {reason.content.decode(errors='replace')[:200]}")
+
+
+async def authenticate(request: Any) -> Any:
+    """The user behind `Authorization: Token <key>` or a session; 401 when neither is there."""
+    header = request.headers.get("Authorization", "")
+    if header:
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() not in ("token", "bearer") or not key.strip():
+            raise _unauthenticated("Authorization header must be 'Token <key>'")
+        return await _user_for_token(key.strip())
+    user = await request.auser()
+    if user.is_authenticated:
+        _enforce_csrf(request)
+        return user
+    raise _unauthenticated("authentication credentials were not provided: send 'Authorization: Token <key>'")

@@ -1,0 +1,155 @@
+"""Online API: predict (async: waits on Redis, holds no thread), model list, liveness and readiness."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.http import JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.decorators import api_view, authentication_classes, permission_classes
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from inference import online
+from inference.api.auth import authenticate
+from inference.registry import get_registry
+from inference.validation import parse_deadline_ms, parse_json_body, validate_inputs
+from inference.workers import WORKERS_KEY, alive_workers
+from platform_.errors import ApiError
+from platform_.redis import get_redis
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_STAGES = ("admission", "queue_wait", "batch_wait", "inference", "postprocess", "total")
+
+
+def _request_id(request: Any) -> str:
+    """The client's X-Request-ID when it is a sane token, else a new one."""
+    given = request.headers.get("X-Request-ID", "")
+    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+
+
+def server_timing(timing: dict[str, Any]) -> str:
+    return ", ".join(f"{stage};dur={timing[f'{stage}_ms']:.3f}" for stage in _STAGES if f"{stage}_ms" in timing)
+
+
+async def _predict(request: Any, name: str, request_id: str, started_at: float) -> JsonResponse:
+    if request.method != "POST":
+        raise ApiError(405, "method_not_allowed", f"use POST, not {request.method}", headers={"Allow": "POST"})
+    await authenticate(request)
+    registry = get_registry()
+    spec = registry.get(name)
+    if spec is None:
+        raise ApiError(404, "unknown_model", f"unknown model {name!r}; served models: {', '.join(registry.names())}")
+    payload = parse_json_body(request.headers.get("Content-Type", ""), request.body)
+    texts = validate_inputs(payload, max_inputs=settings.ONLINE_MAX_INPUTS, max_chars=settings.ONLINE_MAX_TEXT_CHARS)
+    deadline_ms = parse_deadline_ms(request.headers.get("X-Deadline-Ms"), settings.ONLINE_DEADLINE_MS)
+    try:
+        result = await online.predict(spec, texts, deadline_ms, request_id, started_at)
+    except online.Refused as refused:
+        d = refused.decision
+        raise ApiError(
+            503,
+            d.reason or "refused",
+            d.message(name),
+            headers={"Retry-After": str(d.retry_after_s)},
+            backlog=d.backlog,
+            limit=d.limit,
+            timing={"admission_ms": round(refused.admission_ms, 3)},
+        ) from None
+    except online.DeadlineExceeded as exc:
+        raise ApiError(504, "deadline_exceeded", f"no answer within the deadline of {exc.deadline_ms} ms; the request was dropped") from None
+    except online.WorkerFailed as exc:
+        raise ApiError(502, "worker_failed", str(exc)) from None
+    except redis.RedisError as exc:
+        raise ApiError(503, "broker_unavailable", f"the broker is unreachable: {exc}", headers={"Retry-After": "1"}) from None
+    response = JsonResponse({"model": name, "outputs": result.outputs, "timing": result.timing, "worker": result.worker})
+    response["Server-Timing"] = server_timing(result.timing)
+    return response
+
+
+@csrf_exempt  # token callers send no cookie; session callers are CSRF-checked in authenticate()
+async def predict_view(request: Any, name: str) -> JsonResponse:
+    """POST /api/v1/models/<name>/predict: documented in the OpenAPI schema by inference/api/schema.py."""
+    started_at = time.time()
+    request_id = _request_id(request)
+    try:
+        response = await _predict(request, name, request_id, started_at)
+    except ApiError as error:
+        response = error.response()
+        total_ms = (time.time() - started_at) * 1000
+        response["Server-Timing"] = server_timing({**error.extra.get("timing", {}), "total_ms": total_ms})
+    response["X-Request-ID"] = request_id
+    return response
+
+
+def _serving_workers() -> list[dict[str, Any]]:
+    return alive_workers(get_redis().hgetall(WORKERS_KEY), settings.WORKER_HEARTBEAT_S)
+
+
+_model_list = inline_serializer(
+    "ModelList",
+    fields={
+        "default": serializers.CharField(),
+        "models": serializers.ListField(child=serializers.DictField()),
+    },
+)
+
+
+@extend_schema(responses=_model_list, summary="Served models and whether an online worker serves each")
+@api_view(["GET"])
+def model_list(request: Request) -> Response:
+    registry = get_registry()
+    workers = _serving_workers()
+    models = []
+    for name in registry.names():
+        spec = registry.models[name]
+        children = [w for w in workers if w["queue"] == "online" and name in w["models"]]
+        models.append(
+            {
+                "name": name,
+                "task": spec.task,
+                "max_batch_size": spec.max_batch_size,
+                "max_seq_length": spec.max_seq_length,
+                "device": spec.device,
+                "max_backlog": spec.max_backlog,
+                "served": bool(children),
+                "online_workers": len(children),
+            }
+        )
+    return Response({"default": registry.default, "models": models})
+
+
+@extend_schema(responses=inline_serializer("Health", fields={"status": serializers.CharField()}))
+@api_view(["GET"])
+@authentication_classes([])
+@permission_classes([AllowAny])
+def health(request: Request) -> Response:
+    """Liveness: the web process answers."""
+    return Response({"status": "ok"})
+
+
+@extend_schema(responses=inline_serializer("Ready", fields={"status": serializers.CharField(), "checks": serializers.DictField()}))
+@api_view(["GET"])
+@authentication_classes([])
+@permission_classes([AllowAny])
+def ready(request: Request) -> Response:
+    """Readiness: the broker answers and at least one online worker child is alive."""
+    checks: dict[str, Any] = {}
+    try:
+        get_redis().ping()
+        checks["broker"] = "ok"
+        online_children = [w for w in _serving_workers() if w["queue"] == "online"]
+        checks["online_workers"] = len(online_children)
+    except redis.RedisError as exc:
+        checks["broker"] = f"unreachable: {exc}"
+        online_children = []
+    ok = checks["broker"] == "ok" and bool(online_children)
+    return Response({"status": "ready" if ok else "not ready", "checks": checks}, status=200 if ok else 503)

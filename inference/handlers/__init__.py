@@ -1,0 +1,29 @@
+"""Task handlers: one module per task, each a Handler with `predict(texts) -> list[dict]`.
+
+Importing a handler imports torch, so only worker children do it (see inference/runtime.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inference.handlers.base import Handler
+    from inference.registry import ModelSpec
+
+
+def build_handler(spec: ModelSpec) -> Handler:
+    """Load the model a spec names and wrap it in its task's handler."""
+    if spec.task == "embedding":
+        from inference.handlers.embedding import EmbeddingHandler
+
+        return EmbeddingHandler.load(spec)
+    if spec.task == "text-classification":
+        from inference.handlers.classification import ClassificationHandler
+
+        return ClassificationHandler.load(spec)
+    if spec.task == "router":
+        from inference.handlers.router import RouterHandler
+
+        return RouterHandler.load(spec)
+    raise ValueError(f"unknown task {spec.task!r}")

@@ -1,0 +1,97 @@
+"""What every handler shares: tokenizing once, padding to the batch's longest text, one copy to the device."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import torch
+from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerBase
+
+from inference.registry import ModelSpec
+
+_MODEL_CLASSES = {"encoder": AutoModel, "classifier": AutoModelForSequenceClassification}
+
+
+@lru_cache(maxsize=None)
+def load_pretrained(path: str, kind: str, device: str) -> tuple[PreTrainedTokenizerBase, torch.nn.Module]:
+    """Load weights once per process; a router and an embedding model over the same files share them."""
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = _MODEL_CLASSES[kind].from_pretrained(path, local_files_only=True)
+    model.eval().to(device)
+    return tokenizer, model
+
+
+class Handler:
+    """Runs one model batch at a time; subclasses turn the model's output into one dict per text."""
+
+    kind = "encoder"
+
+    def __init__(self, spec: ModelSpec, tokenizer: PreTrainedTokenizerBase, model: torch.nn.Module) -> None:
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self.model = model
+        self.device = torch.device(spec.device)
+        self.pad_id = tokenizer.pad_token_id or 0
+
+    @classmethod
+    def load(cls, spec: ModelSpec) -> Handler:
+        tokenizer, model = load_pretrained(str(spec.resolved_path()), cls.kind, spec.device)
+        return cls(spec, tokenizer, model)
+
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        """Token ids per text, truncated but not padded: lengths decide how batches are cut."""
+        encoded = self.tokenizer(
+            texts, truncation=True, max_length=self.spec.max_seq_length, padding=False, return_attention_mask=False
+        )
+        return encoded["input_ids"]
+
+    def to_device(self, ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pad to the batch's own longest text; ids and mask travel in one host-to-device copy."""
+        longest = max(len(row) for row in ids)
+        host = torch.zeros((2, len(ids), longest), dtype=torch.long)
+        host[0].fill_(self.pad_id)
+        for i, row in enumerate(ids):
+            host[0, i, : len(row)] = torch.tensor(row, dtype=torch.long)
+            host[1, i, : len(row)] = 1
+        on_device = host.to(self.device, non_blocking=True)
+        return on_device[0], on_device[1]
+
+    def forward(self, ids: list[list[int]]) -> list[dict[str, Any]]:
+        """One forward pass over a batch padded to its own longest text."""
+        input_ids, attention_mask = self.to_device(ids)
+        with torch.inference_mode():
+            return self.postprocess(self.run_model(input_ids, attention_mask), attention_mask)
+
+    def predict(self, texts: list[str]) -> list[dict[str, Any]]:
+        return self.forward(self.tokenize(texts))
+
+    def warm_up(self) -> None:
+        """Run the largest batch shape once, so the first real request neither compiles nor allocates."""
+        size = max(1, min(self.spec.max_batch_size, self.spec.max_batch_tokens // self.spec.max_seq_length))
+        filler = self.tokenizer.convert_tokens_to_ids(["the"])[0]
+        self.forward([[filler] * self.spec.max_seq_length for _ in range(size)])
+
+    def run_model(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Any:
+        return self.model(input_ids=input_ids, attention_mask=attention_mask)
+
+    def postprocess(self, output: Any, attention_mask: torch.Tensor) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+
+def mean_pool(last_hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of token vectors over real (unpadded) tokens, L2-normalised."""
+    mask = attention_mask.unsqueeze(-1).to(last_hidden.dtype)
+    summed = (last_hidden * mask).sum(dim=1)
+    pooled = summed / mask.sum(dim=1).clamp(min=1e-9)
+    return torch.nn.functional.normalize(pooled, p=2, dim=1)
+
+
+def top_label(labels: list[str], row: list[float]) -> dict[str, Any]:
+    """The best label, its score and every label's score, as handlers answer for one text."""
+    top = max(range(len(row)), key=row.__getitem__)
+    return {
+        "label": labels[top],
+        "score": round(row[top], 6),
+        "scores": {label: round(value, 6) for label, value in zip(labels, row)},
+    }

@@ -1,0 +1,100 @@
+"""An online prediction from the web tier's side: admit, enqueue, wait for the reply, account the time.
+
+Everything here is async: a waiting request is a coroutine blocked on Redis, not a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+
+from inference.admission import Admission, Decision
+from inference.registry import ModelSpec
+from inference.replies import wait_reply
+from platform_.redis import get_async_redis
+
+_admissions: dict[int, Admission] = {}
+
+
+class Refused(Exception):
+    """Admission said no; nothing was queued."""
+
+    def __init__(self, decision: Decision, admission_ms: float) -> None:
+        super().__init__(decision.reason)
+        self.decision, self.admission_ms = decision, admission_ms
+
+
+class DeadlineExceeded(Exception):
+    """No answer came before the request's deadline; the worker will skip it if it has not started it."""
+
+    def __init__(self, deadline_ms: int, admission_ms: float) -> None:
+        super().__init__(f"no answer within {deadline_ms} ms")
+        self.deadline_ms, self.admission_ms = deadline_ms, admission_ms
+
+
+class WorkerFailed(Exception):
+    """The worker answered with an error (the model raised, or its process died)."""
+
+
+@dataclass
+class Prediction:
+    outputs: list[dict[str, Any]]
+    timing: dict[str, Any]
+    worker: str
+
+
+def get_admission() -> Admission:
+    loop_id = id(asyncio.get_running_loop())
+    admission = _admissions.get(loop_id)
+    if admission is None:
+        admission = Admission(
+            get_async_redis(), heartbeat_s=settings.WORKER_HEARTBEAT_S, rate_window_s=settings.ONLINE_RATE_WINDOW_S
+        )
+        _admissions[loop_id] = admission
+    return admission
+
+
+async def predict(spec: ModelSpec, texts: list[str], deadline_ms: int, request_id: str, started_at: float) -> Prediction:
+    """Run `texts` through `spec`'s model on the online queue; `started_at` is when the HTTP request arrived."""
+    from inference.tasks import predict_online  # celery task module: import on first use, not at URL load
+
+    deadline = started_at + deadline_ms / 1000
+    task_id = uuid.uuid4().hex
+    admission = get_admission()
+    admit_start = time.time()
+    decision = await admission.admit(spec, task_id, deadline)
+    admission_ms = (time.time() - admit_start) * 1000
+    if not decision.admitted:
+        raise Refused(decision, admission_ms)
+    try:
+        predict_online.apply_async(
+            kwargs={
+                "model": spec.name,
+                "inputs": texts,
+                "deadline": deadline,
+                "enqueued_at": time.time(),
+                "request_id": request_id,
+            },
+            task_id=task_id,
+        )
+        reply = await wait_reply(get_async_redis(), task_id, deadline - time.time())
+    finally:
+        await admission.release(spec.name, task_id)
+    if reply is None:
+        raise DeadlineExceeded(deadline_ms, admission_ms)
+    if not reply["ok"]:
+        raise WorkerFailed(reply["error"])
+    now = time.time()
+    timing = reply["timing"]
+    inference_end = timing.pop("inference_end")
+    timing.update(
+        admission_ms=round(admission_ms, 3),
+        postprocess_ms=round((now - inference_end) * 1000, 3),
+        total_ms=round((now - started_at) * 1000, 3),
+    )
+    return Prediction(outputs=reply["outputs"], timing=timing, worker=reply["worker"])

@@ -1,0 +1,75 @@
+"""The models loaded in this worker child, and running a list of texts through one of them.
+
+Loaded once per child in `worker_process_init` (inference/signals.py): never in the worker's
+parent, whose CUDA context and OpenMP pools would not survive fork, and never in the web process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from inference.batching import plan_batches
+from inference.registry import ModelSpec
+
+if TYPE_CHECKING:
+    from inference.handlers.base import Handler
+
+logger = logging.getLogger(__name__)
+_handlers: dict[str, Handler] = {}
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One forward pass a text ran in: wall-clock start and end (epoch seconds) and how many texts it held."""
+
+    start: float
+    end: float
+    size: int
+
+
+def load(specs: list[ModelSpec]) -> None:
+    """Load, then warm up, every model this child serves."""
+    import torch
+
+    from inference.handlers import build_handler
+
+    threads = max(spec.torch_threads for spec in specs)
+    torch.set_num_threads(threads)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    for spec in specs:
+        started = time.perf_counter()
+        handler = build_handler(spec)
+        handler.warm_up()
+        _handlers[spec.name] = handler
+        logger.info("loaded %s (%s) in %.2f s", spec.name, spec.task, time.perf_counter() - started)
+
+
+def loaded() -> list[str]:
+    return sorted(_handlers)
+
+
+def run(model: str, texts: list[str]) -> tuple[list[dict[str, Any]], list[Pass]]:
+    """Outputs in input order, and for each text the forward pass it ran in.
+
+    Texts are tokenized once, sorted by length and cut into passes by the model's padded-token
+    budget: on a CPU a pass costs what its padded tokens cost, so similar lengths go together.
+    """
+    handler = _handlers[model]
+    spec = handler.spec
+    ids = handler.tokenize(texts)
+    outputs: list[dict[str, Any] | None] = [None] * len(texts)
+    passes: list[Pass | None] = [None] * len(texts)
+    for group in plan_batches([len(row) for row in ids], spec.max_batch_size, spec.max_batch_tokens):
+        start = time.time()
+        results = handler.forward([ids[i] for i in group])
+        if len(results) != len(group):
+            raise RuntimeError(f"{model}: handler returned {len(results)} outputs for {len(group)} inputs")
+        done = Pass(start, time.time(), len(group))
+        for index, result in zip(group, results):
+            outputs[index] = result
+            passes[index] = done
+    return outputs, passes  # type: ignore[return-value]

@@ -1,0 +1,46 @@
+"""Celery tasks of the online path (thin: the work is in inference/serving.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import signals
+from django.conf import settings
+
+from inference import worker_process
+from inference.batching import AdaptiveBatches
+from inference.registry import get_registry
+from inference.replies import push_replies
+from inference.serving import serve_online
+from platform_.celery import app
+from platform_.redis import get_redis
+
+
+class OnlineBatches(AdaptiveBatches):
+    """Dispatch policy of the online queue, with the limits from settings and the registry."""
+
+    abstract = True
+    batch_wait_s = settings.ONLINE_BATCH_WAIT_MS / 1000
+    batch_time_limit_s = settings.ONLINE_TIME_LIMIT_S
+
+    def max_texts(self, model: str) -> int:
+        spec = get_registry().get(model)
+        return spec.max_batch_size if spec else 1
+
+    def on_lost(self, requests: list[Any], reason: str) -> None:
+        push_replies(get_redis(), {r.id: {"ok": False, "error": reason} for r in requests})
+
+
+@app.task(base=OnlineBatches, name="inference.predict_online", ignore_result=True)
+def predict_online(requests: list[Any]) -> None:
+    serve_online(requests, get_redis(), worker_process.state)
+
+
+@signals.worker_process_init.connect
+def _load_models(**_: Any) -> None:
+    worker_process.start()
+
+
+@signals.worker_process_shutdown.connect
+def _stop_heartbeat(**_: Any) -> None:
+    worker_process.stop()

@@ -1,0 +1,42 @@
+"""Worker child lifecycle: load models and start the heartbeat at child start, stop it at child exit.
+
+Connected to Celery's worker_process_init / worker_process_shutdown in inference/tasks.py, so it
+runs in prefork children only: never in the worker's parent nor in the web process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from django.conf import settings
+
+from inference import runtime
+from inference.registry import get_registry
+from inference.workers import Heartbeat, WorkerState
+from platform_.redis import get_redis
+
+logger = logging.getLogger(__name__)
+state: WorkerState | None = None
+_heartbeat: Heartbeat | None = None
+
+
+def start() -> None:
+    """Load this child's models (with warm-up), then announce it."""
+    global state, _heartbeat
+    registry = get_registry()
+    names = settings.WORKER_MODELS or registry.names()
+    unknown = sorted(set(names) - set(registry.names()))
+    if unknown:
+        raise RuntimeError(f"WORKER_MODELS names unknown models: {unknown}")
+    runtime.load([registry.models[name] for name in names])
+    # WORKER_QUEUE: which queue this worker consumes (online or offline), shown on /models and the dashboard.
+    state = WorkerState(queue=os.environ.get("WORKER_QUEUE", "online"), models=runtime.loaded())
+    _heartbeat = Heartbeat(get_redis(), state, settings.WORKER_HEARTBEAT_S)
+    _heartbeat.start()
+    logger.info("worker child %s ready on %s with %s", state.worker_id, state.queue, state.models)
+
+
+def stop() -> None:
+    if _heartbeat:
+        _heartbeat.stop()

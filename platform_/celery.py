@@ -1,0 +1,36 @@
+"""The Celery app: two queues (online, offline), JSON only, per-queue limits."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from kombu import Queue
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+app = Celery("platform_")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+
+ONLINE_QUEUE = "online"
+OFFLINE_QUEUE = "offline"
+
+app.conf.update(
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    task_queues=(Queue(ONLINE_QUEUE), Queue(OFFLINE_QUEUE)),
+    task_default_queue=OFFLINE_QUEUE,
+    task_routes={
+        "inference.predict_online": {"queue": ONLINE_QUEUE},
+        "jobs.*": {"queue": OFFLINE_QUEUE},
+    },
+    # Online work is never retried by redelivery: its caller has a deadline and gets 504 instead.
+    task_acks_late=False,
+    worker_send_task_events=True,
+    task_send_sent_event=False,
+    broker_connection_retry_on_startup=True,
+)
+app.autodiscover_tasks(["inference", "jobs"])

