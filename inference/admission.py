@@ -110,7 +110,9 @@ class Admission:
     async def admit(self, spec: ModelSpec, request_id: str, deadline: float) -> Decision:
         children, rate = await self.capacity(spec.name)
         if children == 0:
-            return Decision(False, "no_worker", 0, spec.max_backlog, None, retry_after_s=max(1, math.ceil(3 * self.heartbeat_s)))
+            return Decision(
+                False, "no_worker", 0, spec.max_backlog, None, retry_after_s=max(1, math.ceil(3 * self.heartbeat_s))
+            )
         now = time.time()
         remaining_s = deadline - now
         code, ahead = await self._script(

@@ -59,7 +59,9 @@ def get_admission() -> Admission:
     return admission
 
 
-async def predict(spec: ModelSpec, texts: list[str], deadline_ms: int, request_id: str, started_at: float) -> Prediction:
+async def predict(
+    spec: ModelSpec, texts: list[str], deadline_ms: int, request_id: str, started_at: float
+) -> Prediction:
     """Run `texts` through `spec`'s model on the online queue; `started_at` is when the HTTP request arrived."""
     from inference.tasks import predict_online  # celery task module: import on first use, not at URL load
 

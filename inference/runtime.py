@@ -69,7 +69,7 @@ def run(model: str, texts: list[str]) -> tuple[list[dict[str, Any]], list[Pass]]
         if len(results) != len(group):
             raise RuntimeError(f"{model}: handler returned {len(results)} outputs for {len(group)} inputs")
         done = Pass(start, time.time(), len(group))
-        for index, result in zip(group, results):
+        for index, result in zip(group, results, strict=False):
             outputs[index] = result
             passes[index] = done
     return outputs, passes  # type: ignore[return-value]

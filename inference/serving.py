@@ -61,7 +61,9 @@ def _serve_model(model: str, group: list[Any], client: redis.Redis, started: flo
     except Exception as exc:  # every caller must hear about it; nothing else would tell them
         logger.exception("inference failed for %d requests on %s", len(live), model)
         push_replies(client, {r.id: {"ok": False, "error": f"inference failed: {exc}", "worker": worker} for r in live})
-        record_batch(client, model, done=0, texts=0, busy_s=time.time() - group_started, expired=expired, failed=len(live))
+        record_batch(
+            client, model, done=0, texts=0, busy_s=time.time() - group_started, expired=expired, failed=len(live)
+        )
         return
     replies: dict[str, dict[str, Any]] = {}
     offset = 0
@@ -78,5 +80,11 @@ def _serve_model(model: str, group: list[Any], client: redis.Redis, started: flo
     push_replies(client, replies)
     sizes = list({id(p): p.size for p in passes}.values())
     record_batch(
-        client, model, done=len(live), texts=len(texts), busy_s=time.time() - group_started, expired=expired, batch_sizes=sizes
+        client,
+        model,
+        done=len(live),
+        texts=len(texts),
+        busy_s=time.time() - group_started,
+        expired=expired,
+        batch_sizes=sizes,
     )

@@ -7,7 +7,14 @@ from typing import Any
 
 from platform_.errors import ApiError
 
-_TYPE_NAMES = {dict: "an object", list: "a list", int: "a number", float: "a number", bool: "a boolean", type(None): "null"}
+_TYPE_NAMES = {
+    dict: "an object",
+    list: "a list",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
 
 
 def _invalid(detail: str) -> ApiError:
@@ -31,7 +38,9 @@ def parse_json_body(content_type: str, body: bytes) -> Any:
 def validate_inputs(payload: Any, *, max_inputs: int, max_chars: int) -> list[str]:
     """The list of texts in `payload["inputs"]`, or a 400 that says what is wrong and where."""
     if not isinstance(payload, dict):
-        raise _invalid(f'the body must be a JSON object like {{"inputs": ["text"]}}, got {_TYPE_NAMES.get(type(payload), "a string")}')
+        raise _invalid(
+            f'the body must be a JSON object like {{"inputs": ["text"]}}, got {_TYPE_NAMES.get(type(payload), "a string")}'
+        )
     if "inputs" not in payload:
         raise _invalid(f"`inputs` is required: a list of 1 to {max_inputs} texts")
     inputs = payload["inputs"]

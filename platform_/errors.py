@@ -13,7 +13,9 @@ from rest_framework.views import exception_handler as drf_exception_handler
 class ApiError(Exception):
     """An error answered as JSON with its own status, code and optional headers (used by async views)."""
 
-    def __init__(self, status: int, code: str, detail: str, headers: dict[str, str] | None = None, **extra: Any) -> None:
+    def __init__(
+        self, status: int, code: str, detail: str, headers: dict[str, str] | None = None, **extra: Any
+    ) -> None:
         super().__init__(detail)
         self.status, self.code, self.detail = status, code, detail
         self.headers = headers or {}
@@ -28,7 +30,11 @@ class ApiError(Exception):
 
 def _flatten(detail: Any, prefix: str = "") -> list[str]:
     if isinstance(detail, dict):
-        return [msg for key, value in detail.items() for msg in _flatten(value, f"{prefix}{key}: " if key != "non_field_errors" else prefix)]
+        return [
+            msg
+            for key, value in detail.items()
+            for msg in _flatten(value, f"{prefix}{key}: " if key != "non_field_errors" else prefix)
+        ]
     if isinstance(detail, list):
         return [msg for item in detail for msg in _flatten(item, prefix)]
     return [f"{prefix}{detail}"]

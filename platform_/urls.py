@@ -2,8 +2,8 @@
 
 from django.conf import settings
 from django.contrib import admin
+from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import include, path, re_path
-from django.views.static import serve
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 urlpatterns = [
@@ -15,8 +15,9 @@ urlpatterns = [
 ]
 
 if settings.SERVE_STATIC:
-    # The app serves its own static files (admin, API docs): no CDN, no extra server for `make run`.
-    urlpatterns.append(re_path(r"^static/(?P<path>.*)$", serve, {"document_root": settings.STATIC_ROOT}))
+    # The app serves its own static files (admin, API docs) from the installed apps: no CDN, no
+    # collectstatic, no extra server for `make run`. Behind a proxy, collectstatic and turn this off.
+    urlpatterns.append(re_path(r"^static/(?P<path>.*)$", serve_static, {"insecure": True}))
 
 handler404 = "platform_.errors.json_404"
 handler500 = "platform_.errors.json_500"

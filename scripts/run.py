@@ -115,7 +115,7 @@ def banner(web: str, flower_port: int, creds: dict[str, str]) -> str:
         "Try it:",
         f"  curl -si {web}/api/v1/models/router/predict \\",
         f"    -H 'Authorization: Token {creds['token']}' -H 'Content-Type: application/json' \\",
-        "    -d '{\"inputs\": [\"I was charged twice for my subscription\"]}'",
+        '    -d \'{"inputs": ["I was charged twice for my subscription"]}\'',
         "",
         "Ctrl-C stops everything.",
         "",
@@ -155,7 +155,6 @@ def main() -> int:
 
     manage = [sys.executable, str(ROOT / "manage.py")]
     subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], check=True, cwd=ROOT)
-    subprocess.run([*manage, "collectstatic", "--noinput", "-v", "0"], check=True, cwd=ROOT)
     creds = credentials()
 
     web_port = int(os.environ.setdefault("WEB_PORT", str(free_port(8000))))

@@ -56,7 +56,19 @@ def redis_url(tmp_path_factory) -> Iterator[str]:
     port = free_port()
     data = tmp_path_factory.mktemp("redis")
     proc = subprocess.Popen(
-        [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(data)],
+        [
+            str(binary),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(data),
+        ],
         stdout=subprocess.DEVNULL,
     )
     url = f"redis://127.0.0.1:{port}/0"
@@ -129,6 +141,18 @@ def models_file(tmp_path_factory, tiny_classifier) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def django_db_setup(django_test_environment, django_db_blocker):
+    """Always create the test database: the live stack's processes use it even when no test is marked django_db."""
+    from django.test.utils import setup_databases, teardown_databases
+
+    with django_db_blocker.unblock():
+        config = setup_databases(verbosity=0, interactive=False, aliases={"default"})
+    yield
+    with django_db_blocker.unblock():
+        teardown_databases(config, verbosity=0)
+
+
 def database_url() -> str:
     """The URL of the test database pytest-django created, for the subprocesses to share it."""
     from django.db import connection
@@ -195,7 +219,9 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 @pytest.fixture(scope="session")
-def stack(django_db_setup, django_db_blocker, redis_url, redis_client, models_file, tmp_path_factory) -> Iterator[Stack]:
+def stack(
+    django_db_setup, django_db_blocker, redis_url, redis_client, models_file, tmp_path_factory
+) -> Iterator[Stack]:
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
@@ -221,15 +247,41 @@ def stack(django_db_setup, django_db_blocker, redis_url, redis_client, models_fi
     }
     bin_dir = Path(sys.executable).parent
     worker = _start(
-        [str(bin_dir / "celery"), "-A", "platform_", "worker", "-Q", "online", "-c", "1", "-P", "prefork",
-         "--prefetch-multiplier", "64", "--without-gossip", "--without-mingle", "-n", f"test-online-{port}@%h",
-         "--loglevel", "INFO"],
+        [
+            str(bin_dir / "celery"),
+            "-A",
+            "platform_",
+            "worker",
+            "-Q",
+            "online",
+            "-c",
+            "1",
+            "-P",
+            "prefork",
+            "--prefetch-multiplier",
+            "64",
+            "--without-gossip",
+            "--without-mingle",
+            "-n",
+            f"test-online-{port}@%h",
+            "--loglevel",
+            "INFO",
+        ],
         env,
         log_dir / "worker.log",
     )
     web = _start(
-        [str(bin_dir / "uvicorn"), "platform_.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1", "--no-access-log"],
+        [
+            str(bin_dir / "uvicorn"),
+            "platform_.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--no-access-log",
+        ],
         env,
         log_dir / "web.log",
     )

@@ -65,12 +65,18 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float) 
             timing={"admission_ms": round(refused.admission_ms, 3)},
         ) from None
     except online.DeadlineExceeded as exc:
-        raise ApiError(504, "deadline_exceeded", f"no answer within the deadline of {exc.deadline_ms} ms; the request was dropped") from None
+        raise ApiError(
+            504, "deadline_exceeded", f"no answer within the deadline of {exc.deadline_ms} ms; the request was dropped"
+        ) from None
     except online.WorkerFailed as exc:
         raise ApiError(502, "worker_failed", str(exc)) from None
     except redis.RedisError as exc:
-        raise ApiError(503, "broker_unavailable", f"the broker is unreachable: {exc}", headers={"Retry-After": "1"}) from None
-    response = JsonResponse({"model": name, "outputs": result.outputs, "timing": result.timing, "worker": result.worker})
+        raise ApiError(
+            503, "broker_unavailable", f"the broker is unreachable: {exc}", headers={"Retry-After": "1"}
+        ) from None
+    response = JsonResponse(
+        {"model": name, "outputs": result.outputs, "timing": result.timing, "worker": result.worker}
+    )
     response["Server-Timing"] = server_timing(result.timing)
     return response
 
@@ -136,7 +142,9 @@ def health(request: Request) -> Response:
     return Response({"status": "ok"})
 
 
-@extend_schema(responses=inline_serializer("Ready", fields={"status": serializers.CharField(), "checks": serializers.DictField()}))
+@extend_schema(
+    responses=inline_serializer("Ready", fields={"status": serializers.CharField(), "checks": serializers.DictField()})
+)
 @api_view(["GET"])
 @authentication_classes([])
 @permission_classes([AllowAny])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import torch
@@ -13,7 +13,7 @@ from inference.registry import ModelSpec
 _MODEL_CLASSES = {"encoder": AutoModel, "classifier": AutoModelForSequenceClassification}
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_pretrained(path: str, kind: str, device: str) -> tuple[PreTrainedTokenizerBase, torch.nn.Module]:
     """Load weights once per process; a router and an embedding model over the same files share them."""
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -93,5 +93,5 @@ def top_label(labels: list[str], row: list[float]) -> dict[str, Any]:
     return {
         "label": labels[top],
         "score": round(row[top], 6),
-        "scores": {label: round(value, 6) for label, value in zip(labels, row)},
+        "scores": {label: round(value, 6) for label, value in zip(labels, row, strict=False)},
     }

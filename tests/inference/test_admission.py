@@ -48,7 +48,9 @@ async def _admission(redis_url: str, model: str, *, children: int, done: int, bu
     now = time.time()
     await client.hset(WORKERS_KEY, f"unit:{model}", json.dumps({"queue": "online", "models": [model], "ts": now}))
     for child in range(children - 1):
-        await client.hset(WORKERS_KEY, f"unit:{model}:{child}", json.dumps({"queue": "online", "models": [model], "ts": now}))
+        await client.hset(
+            WORKERS_KEY, f"unit:{model}:{child}", json.dumps({"queue": "online", "models": [model], "ts": now})
+        )
     if done:
         await client.hset(rate_key(model, int(now)), mapping={"done": done, "busy_s": busy_s})
     return client, Admission(client, heartbeat_s=2.0, rate_window_s=10, cache_s=0)
