@@ -25,21 +25,32 @@ from celery_batches.trace import apply_batches_task
 logger = logging.getLogger(__name__)
 
 
-def plan_batches(lengths: list[int], max_batch_size: int, max_batch_tokens: int) -> list[list[int]]:
-    """Indices grouped into passes: sorted by length, each pass within size and padded-token limits.
+def plan_batches(
+    lengths: list[int], max_batch_size: int, max_batch_tokens: int, max_padding_fraction: float = 1.0
+) -> list[list[int]]:
+    """Indices grouped into passes: sorted by length, each pass within size, token and padding limits.
 
-    A pass of n texts padded to its longest text of L tokens costs n * L; a text longer than the
-    whole budget still gets a pass of its own.
+    A pass of n texts padded to its longest text of L tokens costs n * L. A pass closes when the next
+    text would exceed `max_batch_size`, or `max_batch_tokens` padded tokens, or make more than
+    `max_padding_fraction` of the pass padding. A text longer than the whole budget runs alone.
     """
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     passes: list[list[int]] = []
     current: list[int] = []
+    real_tokens = 0
     for index in order:
+        length = lengths[index]
         # Sorted ascending, so the newcomer is the longest: the pass would cost (n + 1) * its length.
-        if current and (len(current) >= max_batch_size or (len(current) + 1) * lengths[index] > max_batch_tokens):
+        padded = (len(current) + 1) * length
+        if current and (
+            len(current) >= max_batch_size
+            or padded > max_batch_tokens
+            or padded - (real_tokens + length) > max_padding_fraction * padded
+        ):
             passes.append(current)
-            current = []
+            current, real_tokens = [], 0
         current.append(index)
+        real_tokens += length
     if current:
         passes.append(current)
     return passes

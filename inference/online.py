@@ -16,6 +16,7 @@ from django.conf import settings
 from inference.admission import Admission, Decision
 from inference.registry import ModelSpec
 from inference.replies import wait_reply
+from inference.tasks import predict_online
 from platform_.redis import get_async_redis
 
 _admissions: dict[int, Admission] = {}
@@ -63,8 +64,6 @@ async def predict(
     spec: ModelSpec, texts: list[str], deadline_ms: int, request_id: str, started_at: float
 ) -> Prediction:
     """Run `texts` through `spec`'s model on the online queue; `started_at` is when the HTTP request arrived."""
-    from inference.tasks import predict_online  # celery task module: import on first use, not at URL load
-
     deadline = started_at + deadline_ms / 1000
     task_id = uuid.uuid4().hex
     admission = get_admission()

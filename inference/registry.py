@@ -30,6 +30,7 @@ class ModelSpec:
     path: str
     max_batch_size: int = 32
     max_batch_tokens: int = 4096
+    max_padding_fraction: float = 0.2
     max_seq_length: int = 256
     device: str = "cpu"
     torch_threads: int = 1

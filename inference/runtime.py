@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,8 +53,12 @@ def loaded() -> list[str]:
     return sorted(_handlers)
 
 
-def run(model: str, texts: list[str]) -> tuple[list[dict[str, Any]], list[Pass]]:
+def run(
+    model: str, texts: list[str], on_pass: Callable[[list[int], list[Any], list[Any]], None] | None = None
+) -> tuple[list[dict[str, Any]], list[Pass]]:
     """Outputs in input order, and for each text the forward pass it ran in.
+
+    `on_pass(indices, outputs, passes)` is called after each pass, so callers can answer early.
 
     Texts are tokenized once, sorted by length and cut into passes by the model's padded-token
     budget: on a CPU a pass costs what its padded tokens cost, so similar lengths go together.
@@ -63,7 +68,8 @@ def run(model: str, texts: list[str]) -> tuple[list[dict[str, Any]], list[Pass]]
     ids = handler.tokenize(texts)
     outputs: list[dict[str, Any] | None] = [None] * len(texts)
     passes: list[Pass | None] = [None] * len(texts)
-    for group in plan_batches([len(row) for row in ids], spec.max_batch_size, spec.max_batch_tokens):
+    lengths = [len(row) for row in ids]
+    for group in plan_batches(lengths, spec.max_batch_size, spec.max_batch_tokens, spec.max_padding_fraction):
         start = time.time()
         results = handler.forward([ids[i] for i in group])
         if len(results) != len(group):
@@ -72,4 +78,6 @@ def run(model: str, texts: list[str]) -> tuple[list[dict[str, Any]], list[Pass]]
         for index, result in zip(group, results, strict=False):
             outputs[index] = result
             passes[index] = done
+        if on_pass:
+            on_pass(group, outputs, passes)
     return outputs, passes  # type: ignore[return-value]

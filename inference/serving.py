@@ -36,55 +36,79 @@ def _timing(request: Any, passes: list[runtime.Pass], group_size: int) -> dict[s
 
 def serve_online(requests: list[Any], client: redis.Redis, state: WorkerState | None = None) -> None:
     """Answer each request in `requests` (celery-batches SimpleRequests stamped by AdaptiveBatches)."""
-    started = time.time()
     if state:
         state.state, state.batches = "busy", state.batches + 1
     try:
         for model, group in group_by(requests, lambda r: r.kwargs["model"]).items():
-            _serve_model(model, group, client, started, state)
+            _serve_model(model, group, client, state)
     finally:
         if state:
             state.state = "idle"
 
 
-def _serve_model(model: str, group: list[Any], client: redis.Redis, started: float, state: WorkerState | None) -> None:
-    group_started = time.time()
-    live = [r for r in group if r.kwargs["deadline"] > group_started]
+class _Answers:
+    """Pushes each request's reply as soon as the last pass holding one of its texts is done."""
+
+    def __init__(self, live: list[Any], client: redis.Redis, worker: str) -> None:
+        self.live, self.client, self.worker = live, client, worker
+        self.owner: list[int] = [n for n, r in enumerate(live) for _ in r.kwargs["inputs"]]
+        self.first_text = [0] * len(live)
+        for n in range(1, len(live)):
+            self.first_text[n] = self.first_text[n - 1] + len(live[n - 1].kwargs["inputs"])
+        self.remaining = [len(r.kwargs["inputs"]) for r in live]
+        self.answered: set[int] = set()
+
+    def pass_done(self, indices: list[int], outputs: list[Any], passes: list[runtime.Pass]) -> None:
+        replies = {}
+        for index in indices:
+            n = self.owner[index]
+            self.remaining[n] -= 1
+            if self.remaining[n] == 0:
+                request = self.live[n]
+                own = slice(self.first_text[n], self.first_text[n] + len(request.kwargs["inputs"]))
+                replies[request.id] = {
+                    "ok": True,
+                    "outputs": outputs[own],
+                    "timing": _timing(request, passes[own], len(self.live)),
+                    "worker": self.worker,
+                }
+                self.answered.add(n)
+        push_replies(self.client, replies)
+
+    def fail_the_rest(self, error: str) -> int:
+        failed = {
+            r.id: {"ok": False, "error": error, "worker": self.worker}
+            for n, r in enumerate(self.live)
+            if n not in self.answered
+        }
+        push_replies(self.client, failed)
+        return len(failed)
+
+
+def _serve_model(model: str, group: list[Any], client: redis.Redis, state: WorkerState | None) -> None:
+    started = time.time()
+    live = [r for r in group if r.kwargs["deadline"] > started]
     expired = len(group) - len(live)
     if not live:
         record_batch(client, model, done=0, texts=0, busy_s=0.0, expired=expired)
         return
     texts = [text for r in live for text in r.kwargs["inputs"]]
-    worker = state.worker_id if state else ""
+    answers = _Answers(live, client, state.worker_id if state else "")
     try:
-        outputs, passes = runtime.run(model, texts)
+        _, passes = runtime.run(model, texts, on_pass=answers.pass_done)
     except Exception as exc:  # every caller must hear about it; nothing else would tell them
         logger.exception("inference failed for %d requests on %s", len(live), model)
-        push_replies(client, {r.id: {"ok": False, "error": f"inference failed: {exc}", "worker": worker} for r in live})
-        record_batch(
-            client, model, done=0, texts=0, busy_s=time.time() - group_started, expired=expired, failed=len(live)
-        )
+        failed = answers.fail_the_rest(f"inference failed: {exc}")
+        done = len(live) - failed
+        record_batch(client, model, done=done, texts=0, busy_s=time.time() - started, expired=expired, failed=failed)
         return
-    replies: dict[str, dict[str, Any]] = {}
-    offset = 0
-    for request in live:
-        count = len(request.kwargs["inputs"])
-        own = slice(offset, offset + count)
-        offset += count
-        replies[request.id] = {
-            "ok": True,
-            "outputs": outputs[own],
-            "timing": _timing(request, passes[own], len(live)),
-            "worker": worker,
-        }
-    push_replies(client, replies)
     sizes = list({id(p): p.size for p in passes}.values())
     record_batch(
         client,
         model,
         done=len(live),
         texts=len(texts),
-        busy_s=time.time() - group_started,
+        busy_s=time.time() - started,
         expired=expired,
         batch_sizes=sizes,
     )

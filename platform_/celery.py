@@ -10,6 +10,9 @@ from kombu import Queue
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Weight-loading progress bars are noise in worker logs.
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 app = Celery("platform_")
 app.config_from_object("django.conf:settings", namespace="CELERY")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.http import JsonResponse
@@ -64,3 +65,12 @@ def json_500(request: Any) -> Any:
     if request.path.startswith("/api/"):
         return JsonResponse({"detail": "internal server error", "code": "server_error"}, status=500)
     return defaults.server_error(request)
+
+
+class SkipExpectedRefusals(logging.Filter):
+    """Drop django.request's log line for 503/504 answers: under overload they are the designed
+    behaviour, counted in metrics; logging each one would make logging the bottleneck."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        status = getattr(record, "status_code", None)
+        return not (record.name == "django.request" and status in (503, 504))

@@ -166,6 +166,8 @@ def main() -> int:
     stop = threading.Event()
     threading.Thread(target=announce_when_ready, args=(web, banner(web, flower_port, creds), stop), daemon=True).start()
     procs = subprocess.Popen([honcho, "start", "-f", str(ROOT / "Procfile")], cwd=ROOT, env=env)
+    # Ctrl-C reaches honcho directly (same process group); a SIGTERM to this script is passed on.
+    signal.signal(signal.SIGTERM, lambda *_: procs.send_signal(signal.SIGTERM))
     try:
         return procs.wait()
     except KeyboardInterrupt:

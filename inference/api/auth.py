@@ -7,9 +7,12 @@ process keeps a token it has looked up for API_TOKEN_CACHE_S (so a revoked token
 from __future__ import annotations
 
 import time
+from importlib import import_module
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import aget_user
+from django.contrib.auth.models import AnonymousUser
 from django.middleware.csrf import CsrfViewMiddleware
 from rest_framework.authtoken.models import Token
 
@@ -37,6 +40,16 @@ async def _user_for_token(key: str) -> Any:
     return token.user
 
 
+async def _session_user(request: Any) -> Any:
+    """The session's user. Predict runs without middleware (platform_/asgi.py), so the session is loaded here."""
+    if not hasattr(request, "session"):
+        cookie = request.COOKIES.get(settings.SESSION_COOKIE_NAME)
+        if not cookie:
+            return AnonymousUser()
+        request.session = import_module(settings.SESSION_ENGINE).SessionStore(cookie)
+    return await aget_user(request)
+
+
 def _enforce_csrf(request: Any) -> None:
     """Session callers are browsers, so their POSTs need the CSRF token (as DRF's SessionAuthentication does)."""
     check = CsrfViewMiddleware(lambda req: None)
@@ -54,7 +67,7 @@ async def authenticate(request: Any) -> Any:
         if scheme.lower() not in ("token", "bearer") or not key.strip():
             raise _unauthenticated("Authorization header must be 'Token <key>'")
         return await _user_for_token(key.strip())
-    user = await request.auser()
+    user = await _session_user(request)
     if user.is_authenticated:
         _enforce_csrf(request)
         return user

@@ -93,6 +93,7 @@ async def predict_view(request: Any, name: str) -> JsonResponse:
         total_ms = (time.time() - started_at) * 1000
         response["Server-Timing"] = server_timing({**error.extra.get("timing", {}), "total_ms": total_ms})
     response["X-Request-ID"] = request_id
+    response["X-Content-Type-Options"] = "nosniff"  # SecurityMiddleware's header; predict skips middleware
     return response
 
 
