@@ -76,7 +76,7 @@ class AdaptiveBatches(Batches):
     # The base class's count trigger; dispatch is decided here instead.
     flush_every = 1 << 30
     #: How long a free child waits for company before it takes a lone request.
-    batch_wait_s = 0.002
+    batch_wait_s = 0.0
     #: Hard limit on one dispatched batch: the pool kills a child that runs longer (celery-batches
     #: itself ignores task time limits, so this is where the queue's limit is enforced).
     batch_time_limit_s: float | None = None
