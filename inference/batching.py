@@ -94,8 +94,12 @@ class AdaptiveBatches(Batches):
         """Most texts one dispatch may hold for this model."""
         return 32
 
+    def request_texts(self, request: Any) -> int:
+        """How many texts a request brings (online: its inputs; offline: its chunk's rows)."""
+        return len(request.kwargs["inputs"])
+
     def on_lost(self, requests: list[SimpleRequest], reason: str) -> None:
-        """A child died running these requests: tell their callers."""
+        """A child died running these requests: tell their callers (acks_late ones are also requeued)."""
 
     # Main-process machinery ------------------------------------------------------------------
     def Strategy(self, task: Batches, app: Any, consumer: Any) -> Callable[..., None]:
@@ -139,7 +143,7 @@ class AdaptiveBatches(Batches):
         self._dispatch()
 
     def _texts_waiting(self, model: str) -> int:
-        return sum(len(r.kwargs["inputs"]) for r in self._waiting if r.kwargs["model"] == model)
+        return sum(self.request_texts(r) for r in self._waiting if r.kwargs["model"] == model)
 
     def _take(self, model: str, texts_budget: int) -> list[Any]:
         """The oldest requests for `model` up to the text budget (always at least one); the rest keep their order."""
@@ -147,7 +151,7 @@ class AdaptiveBatches(Batches):
         kept: deque[Any] = deque()
         texts = 0
         for request in self._waiting:
-            size = len(request.kwargs["inputs"])
+            size = self.request_texts(request)
             if request.kwargs["model"] == model and (not taken or texts + size <= texts_budget):
                 taken.append(request)
                 texts += size
@@ -166,19 +170,28 @@ class AdaptiveBatches(Batches):
             simple.append(item)
         self._in_flight += 1
 
+        # Early-ack tasks (online: a caller with a deadline is answered, never redelivered) are acked
+        # once a child has the batch; acks_late tasks (offline) when it is done, or requeued if the
+        # child died, as celery-batches itself does for acks_late.
+        late = [r for r in requests if r.task.acks_late]
+        early = [r for r in requests if not r.task.acks_late]
+
         def accepted(pid: int, time_accepted: float) -> None:
-            # Online work is never redelivered (its caller has a deadline), so ack once a child has it.
-            for request in requests:
+            for request in early:
                 request.acknowledge()
 
         def finished(result: Any) -> None:
             self._in_flight -= 1
+            for request in late:
+                request.acknowledge()
             self._dispatch()
 
         def lost(exc: Any) -> None:
             self._in_flight -= 1
             logger.error("a worker child died running %d requests: %r", len(simple), exc)
             self.on_lost(simple, f"the worker process died: {exc!r}")
+            for request in late:
+                request.reject(requeue=True)
             self._dispatch()
 
         self._pool.apply_async(

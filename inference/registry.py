@@ -36,6 +36,8 @@ class ModelSpec:
     torch_threads: int = 1
     max_backlog: int = 256
     routes: str | None = None
+    # Offline rows scoring below this are flagged for review (None: JOBS_LOW_CONFIDENCE).
+    low_confidence_below: float | None = None
 
     def resolved_path(self) -> Path:
         return resolve_path(self.path)

@@ -207,3 +207,27 @@ LOGGING = {
 }
 # WEB_REDIS_MAX_CONNECTIONS: Redis connections per web process; each waiting predict call holds one.
 WEB_REDIS_MAX_CONNECTIONS = env.int("WEB_REDIS_MAX_CONNECTIONS", default=1024)
+
+# ---------------------------------------------------------------------------------------------
+# Offline jobs
+# ---------------------------------------------------------------------------------------------
+# JOBS_MAX_UPLOAD_BYTES: largest CSV accepted (413 above it).
+JOBS_MAX_UPLOAD_BYTES = env.int("JOBS_MAX_UPLOAD_BYTES", default=256 * 1024 * 1024)
+# JOBS_MAX_ROWS: most data rows in one CSV.
+JOBS_MAX_ROWS = env.int("JOBS_MAX_ROWS", default=1_000_000)
+# JOBS_MAX_TEXT_CHARS: a longer text cell fails its row ("text too long"), not the job.
+JOBS_MAX_TEXT_CHARS = env.int("JOBS_MAX_TEXT_CHARS", default=20_000)
+# JOBS_INGEST_BATCH_ROWS: rows inserted per bulk insert while a CSV is read.
+JOBS_INGEST_BATCH_ROWS = env.int("JOBS_INGEST_BATCH_ROWS", default=2_000)
+# JOBS_CHUNK_ROWS: rows per work unit (one message on the offline queue).
+JOBS_CHUNK_ROWS = env.int("JOBS_CHUNK_ROWS", default=256)
+# JOBS_DISPATCH_ROWS: most rows one offline batch (several chunks, across jobs) may hold.
+JOBS_DISPATCH_ROWS = env.int("JOBS_DISPATCH_ROWS", default=1_024)
+# JOBS_STALL_S: a chunk queued or running with no progress this long is re-enqueued by the reconciler.
+JOBS_STALL_S = env.float("JOBS_STALL_S", default=120.0)
+# JOBS_RECONCILE_S: how often the offline worker runs the reconciler.
+JOBS_RECONCILE_S = env.float("JOBS_RECONCILE_S", default=30.0)
+# JOBS_LOW_CONFIDENCE: rows whose top score is below this are flagged for review.
+JOBS_LOW_CONFIDENCE = env.float("JOBS_LOW_CONFIDENCE", default=0.5)
+# JOBS_RESULTS_PAGE_SIZE: rows per page of GET /api/v1/jobs/<id>/results.
+JOBS_RESULTS_PAGE_SIZE = env.int("JOBS_RESULTS_PAGE_SIZE", default=100)

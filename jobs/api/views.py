@@ -1,0 +1,131 @@
+"""Offline jobs API: upload, list, detail, results (JSON pages and streamed CSV), cancel, retry."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.http import StreamingHttpResponse
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import exceptions, mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from inference.registry import get_registry
+from jobs import export, lifecycle
+from jobs.api.serializers import JobCreateSerializer, JobSerializer, RowSerializer
+from jobs.ingest import IngestError
+from jobs.models import Job
+
+
+class PayloadTooLarge(exceptions.APIException):
+    status_code = 413
+    default_code = "payload_too_large"
+
+
+class Conflict(exceptions.APIException):
+    status_code = 409
+    default_code = "conflict"
+
+
+class RowPages(PageNumberPagination):
+    page_size_query_param = "page_size"
+    max_page_size = 1000
+
+    @property
+    def page_size(self) -> int:  # read at request time, so settings overrides apply
+        return settings.JOBS_RESULTS_PAGE_SIZE
+
+
+def visible_jobs(user) -> object:
+    """A user sees their own jobs; staff see all. Anything else is a 404, not a 403."""
+    jobs = Job.objects.select_related("owner")
+    return jobs if user.is_staff else jobs.filter(owner=user)
+
+
+def create_from_upload(user, data: dict, upload) -> Job:
+    """Shared by the API and the web form: size check, then ingest; IngestError carries the status."""
+    if upload.size > settings.JOBS_MAX_UPLOAD_BYTES:
+        raise IngestError(
+            f"the file is {upload.size} bytes; the limit is {settings.JOBS_MAX_UPLOAD_BYTES} bytes", status=413
+        )
+    delimiter = {"comma": ",", "semicolon": ";", "tab": "\t"}.get(data.get("delimiter") or "")
+    return lifecycle.create_job(
+        owner=user,
+        model=data.get("model") or get_registry().default,
+        upload=upload.open("rb"),
+        filename=upload.name or "",
+        text_column=data["text_column"],
+        id_column=data.get("id_column") or "",
+        encoding=data.get("encoding") or "utf-8",
+        delimiter=delimiter,
+    )
+
+
+class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Offline CSV jobs of the calling user (all jobs for staff)."""
+
+    serializer_class = JobSerializer
+    # Uploads are multipart; a JSON body gets 415. cancel and retry read no body.
+    parser_classes = [MultiPartParser, FormParser]
+
+    def get_queryset(self):
+        return visible_jobs(self.request.user)
+
+    @extend_schema(request={"multipart/form-data": JobCreateSerializer}, responses={201: JobSerializer})
+    def create(self, request: Request, *args, **kwargs) -> Response:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+        if length > settings.JOBS_MAX_UPLOAD_BYTES:  # refuse before reading the body
+            raise PayloadTooLarge(f"the upload is {length} bytes; the limit is {settings.JOBS_MAX_UPLOAD_BYTES} bytes")
+        form = JobCreateSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        try:
+            job = create_from_upload(request.user, form.validated_data, form.validated_data["file"])
+        except IngestError as error:
+            if error.status == 413:
+                raise PayloadTooLarge(error.message) from None
+            raise exceptions.ValidationError({"file": [error.message]}) from None
+        return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        responses=RowSerializer(many=True),
+        parameters=[
+            OpenApiParameter("status", str, description="done, failed, pending or cancelled"),
+            OpenApiParameter("low_confidence", bool),
+            OpenApiParameter("label", str),
+        ],
+    )
+    @action(detail=True, methods=["get"])
+    def results(self, request: Request, pk: str | None = None) -> Response:
+        rows = export.filtered_rows(self.get_object(), request.query_params)
+        pages = RowPages()
+        page = pages.paginate_queryset(rows, request, view=self)
+        return pages.get_paginated_response(RowSerializer(page, many=True).data)
+
+    @extend_schema(responses={(200, "text/csv"): str})
+    @action(detail=True, methods=["get"], url_path="results.csv", url_name="results-csv")
+    def results_csv(self, request: Request, pk: str | None = None) -> StreamingHttpResponse:
+        job = self.get_object()
+        return export.csv_response(job.rows.all(), f"job-{job.pk}-results.csv")
+
+    @extend_schema(request=None, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        if not lifecycle.cancel(job):
+            raise Conflict(f"job {job.pk} has already ended ({job.status}); nothing to cancel")
+        job.refresh_from_db()
+        return Response(JobSerializer(job, context={"request": request}).data)
+
+    @extend_schema(request=None, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def retry(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        if not job.is_terminal:
+            raise Conflict(f"job {job.pk} is still {job.status}; retry it once it has ended")
+        requeued = lifecycle.retry_failed(job)
+        if not requeued:
+            raise Conflict(f"job {job.pk} has no failed rows to retry")
+        job.refresh_from_db()
+        return Response({**JobSerializer(job, context={"request": request}).data, "requeued_rows": requeued})

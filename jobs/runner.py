@@ -1,0 +1,133 @@
+"""Running a batch of chunks (across jobs) in an offline worker child, and writing results in bulk.
+
+celery-batches swallows exceptions and ignores time limits, so this code owns the outcome: every
+claimed chunk ends `done` with each of its rows done or failed, and a crash before that leaves the
+chunk `running` with a stale `progress_at`, which the reconciler re-enqueues.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import F, Q
+from django.utils import timezone
+
+from inference import runtime
+from inference.batching import group_by
+from inference.registry import get_registry
+from jobs import lifecycle
+from jobs.ingest import row_error
+from jobs.models import Chunk, ChunkStatus, Job, JobRow, JobStatus, RowStatus
+
+logger = logging.getLogger(__name__)
+_PROGRESS_EVERY_S = 0.5
+_ROW_FIELDS = ["status", "label", "score", "output", "error", "attempts", "low_confidence"]
+
+
+def claim(chunk_ids: list[int], stall_s: float) -> list[Chunk]:
+    """Take the chunks no one else is working on: queued, or running but silent for stall_s (its worker died)."""
+    now = timezone.now()
+    claimable = Q(status=ChunkStatus.QUEUED) | Q(
+        status=ChunkStatus.RUNNING, progress_at__lt=now - timedelta(seconds=stall_s)
+    )
+    claimed = [
+        chunk_id
+        for chunk_id in chunk_ids
+        if Chunk.objects.filter(claimable, pk=chunk_id)
+        .exclude(job__status=JobStatus.CANCELLED)
+        .update(status=ChunkStatus.RUNNING, progress_at=now, attempts=F("attempts") + 1)
+    ]
+    return list(Chunk.objects.filter(pk__in=claimed).select_related("job"))
+
+
+class ResultWriter:
+    """Writes each pass's results as it finishes, and keeps chunk and job progress current."""
+
+    def __init__(self, rows: list[JobRow], chunks: list[Chunk], low_confidence: float) -> None:
+        self.rows, self.chunks, self.low_confidence = rows, chunks, low_confidence
+        self.job_ids = sorted({c.job_id for c in chunks})
+        self.written: set[int] = set()
+        self.cancelled: set[int] = set()
+        self._last_progress = 0.0
+
+    def pass_done(self, indices: list[int], outputs: list[Any], passes: list[Any]) -> None:
+        updates = []
+        for i in indices:
+            row = self.rows[i]
+            if row.job_id in self.cancelled:
+                continue
+            output = outputs[i]
+            score = output.get("score")
+            row.status, row.output, row.error = RowStatus.DONE, output, ""
+            row.label = str(output.get("label", ""))[:100]
+            row.score = score
+            row.low_confidence = score is not None and score < self.low_confidence
+            row.attempts += 1
+            updates.append(row)
+            self.written.add(i)
+        JobRow.objects.bulk_update(updates, _ROW_FIELDS, batch_size=500)
+        if time.monotonic() - self._last_progress >= _PROGRESS_EVERY_S:
+            self.progress()
+
+    def progress(self) -> None:
+        self._last_progress = time.monotonic()
+        Chunk.objects.filter(pk__in=[c.pk for c in self.chunks], status=ChunkStatus.RUNNING).update(
+            progress_at=timezone.now()
+        )
+        for job in Job.objects.filter(pk__in=self.job_ids):
+            if job.status == JobStatus.CANCELLED:
+                self.cancelled.add(job.pk)
+            else:
+                job.refresh_counts()
+
+    def fail_the_rest(self, error: str) -> None:
+        failed = [row for i, row in enumerate(self.rows) if i not in self.written]
+        for row in failed:
+            row.status, row.error, row.attempts = RowStatus.FAILED, error[:500], row.attempts + 1
+        JobRow.objects.bulk_update(failed, ["status", "error", "attempts"], batch_size=500)
+
+
+def run_chunks(requests: list[Any]) -> None:
+    """Run the chunks these requests name; requests for several models run model by model."""
+    for model, group in group_by(requests, lambda r: r.kwargs["model"]).items():
+        _run_model(model, [r.kwargs["chunk_id"] for r in group])
+
+
+def _run_model(model: str, chunk_ids: list[int]) -> None:
+    chunks = claim(chunk_ids, settings.JOBS_STALL_S)
+    if not chunks:
+        return
+    lifecycle.mark_started(c.job_id for c in chunks)
+    rows = lifecycle.pending_rows(chunks)
+    invalid = [row for row in rows if row_error(row.text, settings.JOBS_MAX_TEXT_CHARS)]
+    for row in invalid:
+        row.status, row.attempts = RowStatus.FAILED, row.attempts + 1
+        row.error = row_error(row.text, settings.JOBS_MAX_TEXT_CHARS)
+    JobRow.objects.bulk_update(invalid, ["status", "error", "attempts"])
+    rows = [row for row in rows if row.status == RowStatus.PENDING]
+    spec = get_registry().get(model)
+    threshold = (
+        spec.low_confidence_below if spec and spec.low_confidence_below is not None else settings.JOBS_LOW_CONFIDENCE
+    )
+    writer = ResultWriter(rows, chunks, threshold)
+    try:
+        if rows:
+            runtime.run(model, [row.text for row in rows], on_pass=writer.pass_done)
+    except Exception as exc:  # the batch's rows must end failed, not pending forever
+        logger.exception("offline batch of %d rows on %s failed", len(rows), model)
+        writer.fail_the_rest(f"inference failed: {exc}")
+    Chunk.objects.filter(pk__in=[c.pk for c in chunks], status=ChunkStatus.RUNNING).update(
+        status=ChunkStatus.DONE, progress_at=timezone.now()
+    )
+    writer.progress()
+    for job_id in writer.job_ids:
+        lifecycle.finish_if_done(job_id)
+
+
+def requeue_lost(chunk_ids: list[int]) -> None:
+    """A child died holding these chunks: make them claimable at once (their messages are requeued)."""
+    Chunk.objects.filter(pk__in=chunk_ids, status=ChunkStatus.RUNNING).update(status=ChunkStatus.QUEUED)

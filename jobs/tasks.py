@@ -1,0 +1,88 @@
+"""Celery tasks of the offline path (thin: the work is in jobs/runner.py and jobs/reconcile.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from celery import signals
+from django.conf import settings
+from django.db import close_old_connections
+
+from inference.batching import AdaptiveBatches
+from jobs.reconcile import reconcile
+from jobs.runner import requeue_lost, run_chunks
+from platform_.celery import app
+from platform_.redis import get_redis
+
+logger = logging.getLogger(__name__)
+
+
+class OfflineBatches(AdaptiveBatches):
+    """Chunks from any job accumulate and go to a free child together, up to JOBS_DISPATCH_ROWS rows."""
+
+    abstract = True
+    batch_time_limit_s = settings.OFFLINE_TIME_LIMIT_S
+
+    def max_texts(self, model: str) -> int:
+        return settings.JOBS_DISPATCH_ROWS
+
+    def request_texts(self, request: Any) -> int:
+        return int(request.kwargs["rows"])
+
+    def on_lost(self, requests: list[Any], reason: str) -> None:
+        requeue_lost([int(r.kwargs["chunk_id"]) for r in requests])
+
+
+# acks_late: a chunk's message is acknowledged after its batch ends, so a crash redelivers it.
+@app.task(base=OfflineBatches, name="jobs.run_chunk", ignore_result=True, acks_late=True)
+def run_chunk(requests: list[Any]) -> None:
+    run_chunks(requests)
+
+
+class Reconciler:
+    """Runs the reconciler every JOBS_RECONCILE_S in the offline worker's main process.
+
+    A thread, not a beat task: a task would wait behind long offline batches in the pool. A Redis
+    lock keeps several offline workers from reconciling at once.
+    """
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                if get_redis().set("jobs:reconcile:lock", "1", nx=True, px=int(self.interval_s * 900)):
+                    reconcile()
+            except Exception:  # keep reconciling next time; a failed pass changes nothing
+                logger.exception("reconciler pass failed")
+            finally:
+                close_old_connections()
+
+
+_reconciler: Reconciler | None = None
+
+
+@signals.worker_ready.connect
+def _start_reconciler(**_: Any) -> None:
+    global _reconciler
+    if os.environ.get("WORKER_QUEUE") == "offline":
+        _reconciler = Reconciler(settings.JOBS_RECONCILE_S)
+        _reconciler.start()
+
+
+@signals.worker_shutdown.connect
+def _stop_reconciler(**_: Any) -> None:
+    if _reconciler:
+        _reconciler.stop()
