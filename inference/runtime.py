@@ -53,6 +53,10 @@ def loaded() -> list[str]:
     return sorted(_handlers)
 
 
+def spec(model: str) -> ModelSpec:
+    return _handlers[model].spec
+
+
 def run(
     model: str, texts: list[str], on_pass: Callable[[list[int], list[Any], list[Any]], None] | None = None
 ) -> tuple[list[dict[str, Any]], list[Pass]]:

@@ -102,7 +102,7 @@ def _serve_model(model: str, group: list[Any], client: redis.Redis, state: Worke
         done = len(live) - failed
         record_batch(client, model, done=done, texts=0, busy_s=time.time() - started, expired=expired, failed=failed)
         return
-    sizes = list({id(p): p.size for p in passes}.values())
+    distinct = list({id(p): p for p in passes}.values())
     record_batch(
         client,
         model,
@@ -110,5 +110,7 @@ def _serve_model(model: str, group: list[Any], client: redis.Redis, state: Worke
         texts=len(texts),
         busy_s=time.time() - started,
         expired=expired,
-        batch_sizes=sizes,
+        pass_sizes=[p.size for p in distinct],
+        inference_s=sum(p.end - p.start for p in distinct),
+        max_batch_size=runtime.spec(model).max_batch_size,
     )

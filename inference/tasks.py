@@ -14,6 +14,7 @@ from inference.replies import push_replies
 from inference.serving import serve_online
 from platform_.celery import app
 from platform_.redis import get_redis
+from platform_.sampler import Sampler
 
 
 class OnlineBatches(AdaptiveBatches):
@@ -44,3 +45,20 @@ def _load_models(**_: Any) -> None:
 @signals.worker_process_shutdown.connect
 def _stop_heartbeat(**_: Any) -> None:
     worker_process.stop()
+
+
+_sampler: Sampler | None = None
+
+
+@signals.worker_ready.connect
+def _start_sampler(**_: Any) -> None:
+    """Every worker's main process samples queue depths; a Redis lock keeps it to one sample a second."""
+    global _sampler
+    _sampler = Sampler()
+    _sampler.start()
+
+
+@signals.worker_shutdown.connect
+def _stop_sampler(**_: Any) -> None:
+    if _sampler:
+        _sampler.stop()

@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+
+from platform_ import metrics
 
 WORKERS_KEY = "inference:workers"
 BUCKET_TTL_S = 15 * 60
@@ -40,7 +43,33 @@ class WorkerState:
     started_at: float = field(default_factory=time.time)
 
     def as_json(self) -> str:
-        return json.dumps({**self.__dict__, "pid": os.getpid(), "ts": time.time()})
+        return json.dumps({**self.__dict__, "pid": os.getpid(), "ts": time.time(), **_resources()})
+
+
+_process: Any = None
+
+
+def _resources() -> dict[str, float | None]:
+    """This process's CPU (percent of one core since the last beat), memory and, with CUDA, GPU use."""
+    global _process
+    import psutil
+
+    if _process is None or _process.pid != os.getpid():
+        _process = psutil.Process()
+    usage: dict[str, float | None] = {
+        "cpu_pct": _process.cpu_percent(None),
+        "rss_mb": _process.memory_info().rss / 2**20,
+        "gpu_util_pct": None,
+        "gpu_mem_mb": None,
+    }
+    torch = sys.modules.get("torch")  # only children that loaded a model have it; never import it here
+    if torch is not None and torch.cuda.is_available():
+        usage["gpu_mem_mb"] = torch.cuda.memory_allocated() / 2**20
+        try:
+            usage["gpu_util_pct"] = float(torch.cuda.utilization())  # needs NVML (the nvidia-ml-py package)
+        except Exception:
+            pass
+    return usage
 
 
 class Heartbeat:
@@ -85,18 +114,22 @@ def record_batch(
     busy_s: float,
     expired: int = 0,
     failed: int = 0,
-    batch_sizes: list[int] | None = None,
+    pass_sizes: list[int] | None = None,
+    inference_s: float = 0.0,
+    max_batch_size: int = 1,
 ) -> None:
-    """Count one batch: lifetime totals, and a per-second bucket that admission reads the drain rate from."""
+    """Count one batch: lifetime totals, the per-second bucket admission reads the drain rate from,
+    and the shared metrics (batch sizes and fill, inference time), in one round trip."""
     now_s = int(time.time())
     pipe = client.pipeline(transaction=False)
     totals = {"requests_done": done, "texts_done": texts, "expired_skipped": expired, "failed": failed}
     for name, value in totals.items():
         if value:
             pipe.hincrby(stats_key(model), name, value)
-    if batch_sizes:
-        pipe.hincrby(stats_key(model), "forward_passes", len(batch_sizes))
-        pipe.hincrby(stats_key(model), "forward_texts", sum(batch_sizes))
+    if pass_sizes:
+        pipe.hincrby(stats_key(model), "forward_passes", len(pass_sizes))
+        pipe.hincrby(stats_key(model), "forward_texts", sum(pass_sizes))
+        metrics.write_pipeline(pipe, metrics.batch_fields(model, pass_sizes, max_batch_size, inference_s))
     pipe.hincrby(stats_key(model), "batches", 1)
     bucket = rate_key(model, now_s)
     pipe.hincrby(bucket, "done", done)

@@ -22,9 +22,12 @@ from inference.registry import get_registry
 from jobs import lifecycle
 from jobs.ingest import row_error
 from jobs.models import Chunk, ChunkStatus, Job, JobRow, JobStatus, RowStatus
+from platform_ import metrics
+from platform_.redis import get_redis
 
 logger = logging.getLogger(__name__)
-_PROGRESS_EVERY_S = 0.5
+# Progress recounts the job's rows: often enough to watch, rarely enough to cost little on big jobs.
+_PROGRESS_EVERY_S = 2.0
 _ROW_FIELDS = ["status", "label", "score", "output", "error", "attempts", "low_confidence"]
 
 
@@ -47,8 +50,8 @@ def claim(chunk_ids: list[int], stall_s: float) -> list[Chunk]:
 class ResultWriter:
     """Writes each pass's results as it finishes, and keeps chunk and job progress current."""
 
-    def __init__(self, rows: list[JobRow], chunks: list[Chunk], low_confidence: float) -> None:
-        self.rows, self.chunks, self.low_confidence = rows, chunks, low_confidence
+    def __init__(self, model: str, rows: list[JobRow], chunks: list[Chunk], low_confidence: float) -> None:
+        self.model, self.rows, self.chunks, self.low_confidence = model, rows, chunks, low_confidence
         self.job_ids = sorted({c.job_id for c in chunks})
         self.written: set[int] = set()
         self.cancelled: set[int] = set()
@@ -70,6 +73,10 @@ class ResultWriter:
             updates.append(row)
             self.written.add(i)
         JobRow.objects.bulk_update(updates, _ROW_FIELDS, batch_size=500)
+        done = passes[indices[0]]
+        metrics.record(
+            get_redis(), {f"orows|{self.model}": len(updates), f"oinfer_s|{self.model}": done.end - done.start}
+        )
         if time.monotonic() - self._last_progress >= _PROGRESS_EVERY_S:
             self.progress()
 
@@ -113,7 +120,7 @@ def _run_model(model: str, chunk_ids: list[int]) -> None:
     threshold = (
         spec.low_confidence_below if spec and spec.low_confidence_below is not None else settings.JOBS_LOW_CONFIDENCE
     )
-    writer = ResultWriter(rows, chunks, threshold)
+    writer = ResultWriter(model, rows, chunks, threshold)
     try:
         if rows:
             runtime.run(model, [row.text for row in rows], on_pass=writer.pass_done)

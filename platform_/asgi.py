@@ -9,6 +9,7 @@ else (admin, docs, the rest of the API) goes through the full stack.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -18,6 +19,13 @@ from django.core.handlers.exception import convert_exception_to_response
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings")
 django_application = get_asgi_application()
+
+from django.conf import settings  # noqa: E402  (after the app, which configures settings)
+
+# Django spools a whole request body to disk before any view runs, so an oversized upload is
+# refused here, from its Content-Length, before a byte of it is read. The largest legitimate
+# body is a CSV at the upload limit plus the multipart form around it.
+MAX_BODY_BYTES = settings.JOBS_MAX_UPLOAD_BYTES + 1024 * 1024
 
 _PREDICT_PATH = re.compile(r"^/api/v1/models/[^/]+/predict$")
 
@@ -36,8 +44,33 @@ class NoMiddlewareASGIHandler(ASGIHandler):
 predict_application = NoMiddlewareASGIHandler()
 
 
+def _content_length(scope) -> int:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
+async def _too_large(send, length: int) -> None:
+    body = json.dumps(
+        {
+            "detail": f"the request body is {length} bytes; the limit is {MAX_BODY_BYTES} bytes",
+            "code": "payload_too_large",
+        }
+    ).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 async def application(scope, receive, send) -> None:
-    if scope["type"] == "http" and _PREDICT_PATH.match(scope["path"]):
+    if scope["type"] == "http" and (length := _content_length(scope)) > MAX_BODY_BYTES:
+        await _too_large(send, length)
+    elif scope["type"] == "http" and _PREDICT_PATH.match(scope["path"]):
         await predict_application(scope, receive, send)
     else:
         await django_application(scope, receive, send)

@@ -231,3 +231,17 @@ JOBS_RECONCILE_S = env.float("JOBS_RECONCILE_S", default=30.0)
 JOBS_LOW_CONFIDENCE = env.float("JOBS_LOW_CONFIDENCE", default=0.5)
 # JOBS_RESULTS_PAGE_SIZE: rows per page of GET /api/v1/jobs/<id>/results.
 JOBS_RESULTS_PAGE_SIZE = env.int("JOBS_RESULTS_PAGE_SIZE", default=100)
+
+# ---------------------------------------------------------------------------------------------
+# Observability
+# ---------------------------------------------------------------------------------------------
+# SLOW_REQUEST_MS: online requests slower than this (and every 504) go to the slow-request log.
+SLOW_REQUEST_MS = env.float("SLOW_REQUEST_MS", default=1000.0)
+# SLOW_REQUEST_LOG_MAX_PER_S: most slow-log rows one web process writes per second.
+SLOW_REQUEST_LOG_MAX_PER_S = env.int("SLOW_REQUEST_LOG_MAX_PER_S", default=20)
+# SLOW_REQUEST_KEEP: the slow-request log keeps this many newest rows.
+SLOW_REQUEST_KEEP = env.int("SLOW_REQUEST_KEEP", default=10_000)
+# METRICS_TOKEN: when set, GET /metrics needs "Authorization: Bearer <token>".
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
+# FLOWER_URL: where the dashboard links to Flower.
+FLOWER_URL = env.str("FLOWER_URL", default="http://127.0.0.1:5555/")

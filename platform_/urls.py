@@ -4,10 +4,17 @@ from django.conf import settings
 from django.contrib import admin
 from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import include, path, re_path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
+from platform_ import dashboard, prometheus
+
 urlpatterns = [
+    path("", RedirectView.as_view(url="/jobs/", permanent=False)),
     path("admin/", admin.site.urls),
+    path("dashboard/", dashboard.dashboard, name="dashboard"),
+    path("dashboard/data.json", dashboard.dashboard_json, name="dashboard-data"),
+    path("metrics", prometheus.metrics_view, name="metrics"),
     path("api/v1/", include("inference.api.urls")),
     path("api/v1/", include("jobs.api.urls")),
     path("jobs/", include("jobs.urls")),

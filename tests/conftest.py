@@ -188,6 +188,7 @@ class Stack:
     offline: subprocess.Popen
     web: subprocess.Popen
     log_dir: Path
+    env: dict[str, str]
     session: requests.Session = field(default_factory=requests.Session)
 
     def headers(self, **extra: str) -> dict[str, str]:
@@ -200,6 +201,24 @@ class Stack:
             headers=self.headers(**headers),
             timeout=30,
         )
+
+    def browser_login(self, username: str = "tester") -> requests.Session:
+        """A session logged in through the login form, as a person would ("boss" is staff)."""
+        session = requests.Session()
+        login = f"{self.url}/accounts/login/"
+        session.get(login, timeout=10)
+        session.post(
+            login,
+            data={
+                "username": username,
+                "password": TESTER_PASSWORD,
+                "csrfmiddlewaretoken": session.cookies["csrftoken"],
+            },
+            headers={"Referer": login},
+            timeout=10,
+        )
+        assert "sessionid" in session.cookies, "login failed"
+        return session
 
     def pause_worker(self) -> None:
         """SIGSTOP the worker and its children: messages wait in Redis as if the worker were busy."""
@@ -254,6 +273,11 @@ def stack(
         token = Token.objects.get_or_create(user=user)[0].key
         other, _ = get_user_model().objects.get_or_create(username="other")
         other_token = Token.objects.get_or_create(user=other)[0].key
+        staff, _ = get_user_model().objects.get_or_create(
+            username="boss", defaults={"is_staff": True, "is_superuser": True}
+        )
+        staff.set_password(TESTER_PASSWORD)
+        staff.save()
         db_url = database_url()
 
     log_dir = tmp_path_factory.mktemp("logs")
@@ -306,6 +330,7 @@ def stack(
         offline=offline,
         web=web,
         log_dir=log_dir,
+        env=env,
     )
 
     def ready() -> bool:

@@ -20,6 +20,7 @@ from rest_framework.response import Response
 
 from inference import online
 from inference.api.auth import authenticate
+from inference.observe import observe
 from inference.registry import get_registry
 from inference.validation import parse_deadline_ms, parse_json_body, validate_inputs
 from inference.workers import WORKERS_KEY, alive_workers
@@ -40,7 +41,7 @@ def server_timing(timing: dict[str, Any]) -> str:
     return ", ".join(f"{stage};dur={timing[f'{stage}_ms']:.3f}" for stage in _STAGES if f"{stage}_ms" in timing)
 
 
-async def _predict(request: Any, name: str, request_id: str, started_at: float) -> JsonResponse:
+async def _predict(request: Any, name: str, request_id: str, started_at: float, seen: dict[str, Any]) -> JsonResponse:
     if request.method != "POST":
         raise ApiError(405, "method_not_allowed", f"use POST, not {request.method}", headers={"Allow": "POST"})
     await authenticate(request)
@@ -48,8 +49,10 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float) 
     spec = registry.get(name)
     if spec is None:
         raise ApiError(404, "unknown_model", f"unknown model {name!r}; served models: {', '.join(registry.names())}")
+    seen["model"] = name
     payload = parse_json_body(request.headers.get("Content-Type", ""), request.body)
     texts = validate_inputs(payload, max_inputs=settings.ONLINE_MAX_INPUTS, max_chars=settings.ONLINE_MAX_TEXT_CHARS)
+    seen["texts"] = texts
     deadline_ms = parse_deadline_ms(request.headers.get("X-Deadline-Ms"), settings.ONLINE_DEADLINE_MS)
     try:
         result = await online.predict(spec, texts, deadline_ms, request_id, started_at)
@@ -66,7 +69,10 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float) 
         ) from None
     except online.DeadlineExceeded as exc:
         raise ApiError(
-            504, "deadline_exceeded", f"no answer within the deadline of {exc.deadline_ms} ms; the request was dropped"
+            504,
+            "deadline_exceeded",
+            f"no answer within the deadline of {exc.deadline_ms} ms; the request was dropped",
+            timing={"admission_ms": round(exc.admission_ms, 3)},
         ) from None
     except online.WorkerFailed as exc:
         raise ApiError(502, "worker_failed", str(exc)) from None
@@ -74,6 +80,7 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float) 
         raise ApiError(
             503, "broker_unavailable", f"the broker is unreachable: {exc}", headers={"Retry-After": "1"}
         ) from None
+    seen["timing"], seen["worker"] = result.timing, result.worker
     response = JsonResponse(
         {"model": name, "outputs": result.outputs, "timing": result.timing, "worker": result.worker}
     )
@@ -86,12 +93,23 @@ async def predict_view(request: Any, name: str) -> JsonResponse:
     """POST /api/v1/models/<name>/predict: documented in the OpenAPI schema by inference/api/schema.py."""
     started_at = time.time()
     request_id = _request_id(request)
+    seen: dict[str, Any] = {"model": "-", "texts": [], "timing": {}, "worker": ""}
+    code = None
     try:
-        response = await _predict(request, name, request_id, started_at)
+        response = await _predict(request, name, request_id, started_at, seen)
     except ApiError as error:
-        response = error.response()
-        total_ms = (time.time() - started_at) * 1000
-        response["Server-Timing"] = server_timing({**error.extra.get("timing", {}), "total_ms": total_ms})
+        response, code = error.response(), error.code
+        seen["timing"] = {**error.extra.get("timing", {}), "total_ms": (time.time() - started_at) * 1000}
+        response["Server-Timing"] = server_timing(seen["timing"])
+    observe(
+        model=seen["model"],
+        status=response.status_code,
+        code=code,
+        timing=seen["timing"],
+        request_id=request_id,
+        texts=seen["texts"],
+        worker=seen["worker"],
+    )
     response["X-Request-ID"] = request_id
     response["X-Content-Type-Options"] = "nosniff"  # SecurityMiddleware's header; predict skips middleware
     return response

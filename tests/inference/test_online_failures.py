@@ -8,35 +8,14 @@ import threading
 import time
 
 import pytest
-import requests
 
-from tests.conftest import TESTER_PASSWORD, wait_until
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
 
 
-def browser_session(stack) -> requests.Session:
-    """Log in through the login form, as a person would."""
-    session = requests.Session()
-    login = f"{stack.url}/accounts/login/"
-    session.get(login, timeout=10)
-    response = session.post(
-        login,
-        data={
-            "username": "tester",
-            "password": TESTER_PASSWORD,
-            "csrfmiddlewaretoken": session.cookies["csrftoken"],
-            "next": "/api/v1/health",
-        },
-        headers={"Referer": login},
-        timeout=10,
-    )
-    assert "sessionid" in session.cookies, response.text[:500]
-    return session
-
-
 def test_a_logged_in_browser_can_predict_with_its_csrf_token_and_not_without(stack):
-    session = browser_session(stack)
+    session = stack.browser_login()
     url = f"{stack.url}/api/v1/models/router/predict"
     without = session.post(url, json={"inputs": ["I forgot my password"]}, timeout=10)
     assert without.status_code == 403 and "CSRF" in without.json()["detail"]

@@ -7,7 +7,9 @@ reconciler every 1 s, at most 5000 rows and 300 kB per file.
 from __future__ import annotations
 
 import csv
+import http.client
 import io
+import json
 import os
 import signal
 import time
@@ -15,7 +17,7 @@ import time
 import pytest
 import requests
 
-from tests.conftest import TESTER_PASSWORD, wait_until
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -226,6 +228,21 @@ def test_csv_dialects_and_encodings_are_read(stack, data, fields):
     assert [r["id"] for r in rows] == ["k1", "k2"]
 
 
+def test_an_oversized_body_is_refused_before_it_is_read(stack):
+    """Only the headers are sent: the 413 comes back without the server waiting for the 2 MB body."""
+    host, port = stack.url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    connection.putrequest("POST", "/api/v1/jobs")
+    connection.putheader("Authorization", f"Token {stack.token}")
+    connection.putheader("Content-Type", "multipart/form-data; boundary=x")
+    connection.putheader("Content-Length", "2000000")
+    connection.endheaders()
+    response = connection.getresponse()
+    assert response.status == 413
+    assert "the limit is 1348576 bytes" in json.loads(response.read())["detail"]
+    connection.close()
+
+
 def test_json_body_is_415(stack):
     response = requests.post(
         f"{stack.url}/api/v1/jobs", json={"text_column": "text"}, headers=stack.headers(), timeout=10
@@ -252,48 +269,23 @@ def test_another_users_job_is_404_everywhere(stack):
 
 
 def test_the_web_form_creates_the_same_job(stack):
-    session = requests.Session()
-    login = f"{stack.url}/accounts/login/"
-    session.get(login, timeout=10)
-    session.post(
-        login,
-        data={
-            "username": "tester",
-            "password": TESTER_PASSWORD,
-            "csrfmiddlewaretoken": session.cookies["csrftoken"],
-            "next": "/jobs/",
-        },
-        headers={"Referer": login},
-        timeout=10,
-    )
+    session = stack.browser_login()
     page = session.get(f"{stack.url}/jobs/", timeout=10)
     assert page.status_code == 200 and "New job" in page.text
-    response = session.post(
-        f"{stack.url}/jobs/",
-        data={
-            "model": "router",
-            "text_column": "text",
-            "id_column": "key",
-            "encoding": "utf-8",
-            "csrfmiddlewaretoken": session.cookies["csrftoken"],
-        },
-        files={"file": ("form.csv", make_csv(60), "text/csv")},
-        headers={"Referer": f"{stack.url}/jobs/"},
-        timeout=60,
-    )
+
+    def submit(filename: str, data: bytes, text_column: str) -> requests.Response:
+        form = {"model": "router", "text_column": text_column, "id_column": "key", "encoding": "utf-8"}
+        return session.post(
+            f"{stack.url}/jobs/",
+            data={**form, "csrfmiddlewaretoken": session.cookies["csrftoken"]},
+            files={"file": (filename, data, "text/csv")},
+            headers={"Referer": f"{stack.url}/jobs/"},
+            timeout=60,
+        )
+
+    response = submit("form.csv", make_csv(60), "text")
     assert response.status_code == 200 and "/jobs/" in response.url and "form.csv" in response.text
     job_id = int(response.url.rstrip("/").rsplit("/", 1)[1])
     assert wait_for_end(stack, job_id)["status"] == "succeeded"
-    bad = session.post(
-        f"{stack.url}/jobs/",
-        data={
-            "model": "router",
-            "text_column": "body",
-            "encoding": "utf-8",
-            "csrfmiddlewaretoken": session.cookies["csrftoken"],
-        },
-        files={"file": ("bad.csv", make_csv(3), "text/csv")},
-        headers={"Referer": f"{stack.url}/jobs/"},
-        timeout=60,
-    )
+    bad = submit("bad.csv", make_csv(3), "body")
     assert bad.status_code == 400 and "text column &#x27;body&#x27; not found" in bad.text

@@ -1,0 +1,193 @@
+"""Metrics shared by every process (web, worker children), kept in Redis.
+
+Why Redis and not process-local counters or prometheus_client's multiprocess mode: the processes
+that see a request (uvicorn web, the worker's main process, its children) are separate and restart
+independently, the dashboard needs short-term history (percentiles over the last 1 and 5 minutes,
+15 minutes of charts), and Redis is already the one thing they all share. Two shapes:
+
+- one hash per second (`metrics:s:<epoch second>`, expires after HISTORY_S) with counters and
+  histogram buckets, for windows and charts;
+- one lifetime hash (`metrics:total`) with the same counters, from which /metrics renders
+  Prometheus counters and cumulative histograms.
+
+Field names are `kind|model|name` so one hash per second holds every model.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+HISTORY_S = 20 * 60
+TOTAL_KEY = "metrics:total"
+GAUGES_KEY = "metrics:gauges"
+STAGES = ("admission", "queue_wait", "batch_wait", "inference", "postprocess", "total")
+# Upper bounds in seconds, fitted to this range: a few ms of overhead up to multi-second overload.
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 4.0, 7.0, 12.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def second_key(second: int) -> str:
+    return f"metrics:s:{second}"
+
+
+def latency_bucket(seconds: float) -> int:
+    """Index of the first bucket whose upper bound holds `seconds`; len(LATENCY_BUCKETS_S) means +Inf."""
+    return bisect.bisect_left(LATENCY_BUCKETS_S, seconds)
+
+
+def size_bucket(size: int) -> int:
+    return bisect.bisect_left(BATCH_SIZE_BUCKETS, size)
+
+
+def request_fields(model: str, outcome: str, timing_ms: Mapping[str, float]) -> dict[str, float]:
+    """Counter increments for one online request: its outcome and each stage's histogram bucket."""
+    fields: dict[str, float] = {f"req|{model}|{outcome}": 1}
+    for stage in STAGES:
+        value_ms = timing_ms.get(f"{stage}_ms")
+        if value_ms is None:
+            continue
+        fields[f"lat|{model}|{stage}|{latency_bucket(value_ms / 1000)}"] = 1
+        fields[f"latsum|{model}|{stage}"] = value_ms / 1000
+    return fields
+
+
+def batch_fields(model: str, sizes: Iterable[int], max_batch_size: int, inference_s: float) -> dict[str, float]:
+    """Counter increments for the forward passes of one dispatched online batch."""
+    fields: dict[str, float] = {f"infer_s|{model}": inference_s}
+    for size in sizes:
+        for key, value in (
+            (f"bsize|{model}|{size_bucket(size)}", 1),
+            (f"passes|{model}", 1),
+            (f"pass_texts|{model}", size),
+            (f"fill|{model}", size / max_batch_size),
+        ):
+            fields[key] = fields.get(key, 0) + value
+    return fields
+
+
+def write_pipeline(pipe, fields: Mapping[str, float], now: float | None = None) -> None:
+    """Queue the increments on a Redis pipeline (sync or async): this second's hash and the lifetime hash."""
+    key = second_key(int(time.time() if now is None else now))
+    for name, value in fields.items():
+        if isinstance(value, int):
+            pipe.hincrby(key, name, value)
+            pipe.hincrby(TOTAL_KEY, name, value)
+        else:
+            pipe.hincrbyfloat(key, name, value)
+            pipe.hincrbyfloat(TOTAL_KEY, name, value)
+    pipe.expire(key, HISTORY_S)
+
+
+def record(client, fields: Mapping[str, float]) -> None:
+    """Write from a sync process (worker children, the sampler)."""
+    pipe = client.pipeline(transaction=False)
+    write_pipeline(pipe, fields)
+    pipe.execute()
+
+
+async def arecord(client, fields: Mapping[str, float]) -> None:
+    """Write from the async web tier."""
+    pipe = client.pipeline(transaction=False)
+    write_pipeline(pipe, fields)
+    await pipe.execute()
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Window:
+    """Sums of the per-second counters over a span of seconds."""
+
+    seconds: int
+    counters: dict[str, float] = field(default_factory=dict)
+
+    def get(self, name: str) -> float:
+        return self.counters.get(name, 0.0)
+
+    def matching(self, prefix: str) -> dict[str, float]:
+        return {k: v for k, v in self.counters.items() if k.startswith(prefix)}
+
+    def models(self) -> list[str]:
+        return sorted(
+            {k.split("|")[1] for k in self.counters if "|" in k and k.split("|")[0] in ("req", "passes", "orows")}
+        )
+
+    def requests(self, model: str | None = None, outcome: str | None = None) -> float:
+        total = 0.0
+        for name, value in self.matching("req|").items():
+            _, m, o = name.split("|")
+            if (model is None or m == model) and (outcome is None or o == outcome or o.startswith(f"{outcome}_")):
+                total += value
+        return total
+
+    def histogram(self, stage: str, model: str | None = None) -> list[float]:
+        counts = [0.0] * (len(LATENCY_BUCKETS_S) + 1)
+        for name, value in self.matching("lat|").items():
+            _, m, s, bucket = name.split("|")
+            if s == stage and (model is None or m == model):
+                counts[int(bucket)] += value
+        return counts
+
+    def percentile_s(self, stage: str, pct: float, model: str | None = None) -> float | None:
+        return histogram_percentile(self.histogram(stage, model), pct)
+
+    def mean_batch_size(self, model: str | None = None) -> float | None:
+        passes = sum(v for k, v in self.matching("passes|").items() if model is None or k.split("|")[1] == model)
+        texts = sum(v for k, v in self.matching("pass_texts|").items() if model is None or k.split("|")[1] == model)
+        return texts / passes if passes else None
+
+    def mean_fill(self, model: str | None = None) -> float | None:
+        passes = sum(v for k, v in self.matching("passes|").items() if model is None or k.split("|")[1] == model)
+        fill = sum(v for k, v in self.matching("fill|").items() if model is None or k.split("|")[1] == model)
+        return fill / passes if passes else None
+
+
+def histogram_percentile(counts: list[float], pct: float) -> float | None:
+    """The pct-th percentile in seconds, interpolated inside its bucket (like Prometheus' histogram_quantile)."""
+    total = sum(counts)
+    if total == 0:
+        return None
+    rank = pct / 100 * total
+    seen = 0.0
+    for index, count in enumerate(counts):
+        if count and seen + count >= rank:
+            lower = LATENCY_BUCKETS_S[index - 1] if index > 0 else 0.0
+            upper = LATENCY_BUCKETS_S[index] if index < len(LATENCY_BUCKETS_S) else LATENCY_BUCKETS_S[-1] * 2
+            return lower + (upper - lower) * (rank - seen) / count
+        seen += count
+    return LATENCY_BUCKETS_S[-1]
+
+
+def read_seconds(
+    client, seconds: int, now: float | None = None, fields: list[str] | None = None
+) -> list[dict[str, float]]:
+    """The per-second hashes of the last `seconds` seconds, oldest first (whole hashes, or only `fields`)."""
+    end = int(time.time() if now is None else now)
+    pipe = client.pipeline(transaction=False)
+    for second in range(end - seconds + 1, end + 1):
+        if fields:
+            pipe.hmget(second_key(second), fields)
+        else:
+            pipe.hgetall(second_key(second))
+    raw = pipe.execute()
+    if fields:
+        return [{f: float(v) for f, v in zip(fields, values, strict=True) if v is not None} for values in raw]
+    return [{k: float(v) for k, v in h.items()} for h in raw]
+
+
+def window(client, seconds: int, now: float | None = None) -> Window:
+    totals: dict[str, float] = {}
+    for bucket in read_seconds(client, seconds, now):
+        for name, value in bucket.items():
+            totals[name] = totals.get(name, 0.0) + value
+    return Window(seconds=seconds, counters=totals)
+
+
+def totals(client) -> dict[str, float]:
+    return {k: float(v) for k, v in client.hgetall(TOTAL_KEY).items()}

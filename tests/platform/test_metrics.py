@@ -1,0 +1,64 @@
+"""Metrics arithmetic and the Prometheus text, on figures made for the test."""
+
+from __future__ import annotations
+
+import pytest
+
+from platform_ import metrics
+from platform_.prometheus import render
+
+
+def test_request_fields_put_each_stage_in_its_bucket():
+    fields = metrics.request_fields("router", "ok", {"total_ms": 30.0, "inference_ms": 12.0})
+    assert fields["req|router|ok"] == 1
+    assert fields[f"lat|router|total|{metrics.latency_bucket(0.030)}"] == 1
+    assert metrics.LATENCY_BUCKETS_S[metrics.latency_bucket(0.030)] == 0.035
+    assert fields["latsum|router|inference"] == pytest.approx(0.012)
+    assert not any("|queue_wait|" in k for k in fields)
+
+
+def test_batch_fields_count_passes_sizes_and_fill():
+    fields = metrics.batch_fields("router", [4, 4, 1], max_batch_size=8, inference_s=0.05)
+    assert fields["passes|router"] == 3 and fields["pass_texts|router"] == 9
+    assert fields["fill|router"] == pytest.approx(0.5 + 0.5 + 0.125)
+    assert fields[f"bsize|router|{metrics.size_bucket(4)}"] == 2
+
+
+def test_percentiles_interpolate_inside_buckets():
+    counts = [0.0] * (len(metrics.LATENCY_BUCKETS_S) + 1)
+    counts[metrics.latency_bucket(0.045)] = 100  # all in (0.035, 0.05]
+    assert 0.035 < metrics.histogram_percentile(counts, 50) <= 0.05
+    assert metrics.histogram_percentile([0.0] * len(counts), 50) is None
+
+
+def test_window_sums_by_model_and_outcome():
+    w = metrics.Window(
+        seconds=60, counters={"req|a|ok": 10, "req|a|503_deadline": 2, "req|b|ok": 5, "passes|a": 4, "pass_texts|a": 10}
+    )
+    assert w.requests() == 17 and w.requests("a") == 12 and w.requests(outcome="503") == 2
+    assert w.mean_batch_size("a") == 2.5 and w.mean_batch_size("b") is None
+
+
+def test_prometheus_text_has_counters_cumulative_histograms_and_gauges():
+    totals = {
+        "req|router|ok": 7,
+        "req|router|503_backlog_full": 2,
+        f"lat|router|total|{metrics.latency_bucket(0.02)}": 5,
+        f"lat|router|total|{metrics.latency_bucket(0.3)}": 2,
+        "latsum|router|total": 0.7,
+        f"bsize|router|{metrics.size_bucket(3)}": 4,
+        "pass_texts|router": 12,
+        "orows|router": 100,
+    }
+    gauges = {"gauge|online|waiting": 3, "gauge|workers|online": 2, "gauge|rss_mb|online": 100}
+    text = render(totals, gauges)
+    assert 'inference_requests_total{model="router",outcome="ok"} 7' in text
+    assert 'inference_admission_refusals_total{model="router",reason="backlog_full"} 2' in text
+    assert 'inference_stage_latency_seconds_bucket{model="router",stage="total",le="0.02"} 5' in text
+    assert 'inference_stage_latency_seconds_bucket{model="router",stage="total",le="+Inf"} 7' in text
+    assert 'inference_stage_latency_seconds_count{model="router",stage="total"} 7' in text
+    assert 'inference_batch_size_bucket{model="router",le="4"} 4' in text
+    assert 'offline_rows_total{model="router"} 100' in text
+    assert 'platform_queue_depth{queue="online",state="waiting"} 3' in text
+    assert 'platform_worker_processes{queue="online"} 2' in text
+    assert "# TYPE inference_stage_latency_seconds histogram" in text

@@ -1,0 +1,145 @@
+"""Metrics, /metrics, the dashboard and `diagnose` against the live stack."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from tests.conftest import ROOT, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def totals(stack) -> dict[str, float]:
+    return {k: float(v) for k, v in stack.redis.hgetall("metrics:total").items()}
+
+
+def delta(after: dict, before: dict, name: str) -> float:
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+def diagnose(stack, window_s: int) -> str:
+    result = subprocess.run(
+        [sys.executable, "manage.py", "diagnose", "--window-s", str(window_s)],
+        cwd=ROOT,
+        env=stack.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_counts_match_the_requests_sent_and_the_batches_run(stack):
+    before, stats_before = totals(stack), stack.stats("router")
+    with ThreadPoolExecutor(8) as pool:
+        ok = list(pool.map(lambda i: stack.predict("router", [f"my parcel {i} is late"]), range(24)))
+    bad = [stack.predict("router", []) for _ in range(3)]
+    assert all(r.status_code == 200 for r in ok) and all(r.status_code == 400 for r in bad)
+
+    def recorded():
+        now = totals(stack)
+        return now if delta(now, before, "req|router|ok") >= 24 and delta(now, before, "req|router|400") >= 3 else None
+
+    after = wait_until(recorded, 10, "the web tier's metrics")
+    assert delta(after, before, "req|router|ok") == 24
+    assert delta(after, before, "req|router|400") == 3
+    total_latency = sum(delta(after, before, k) for k in after if k.startswith("lat|router|total|"))
+    assert total_latency == 27, "one latency observation per answered request (24 ok, 3 refused as invalid)"
+    stats_after = stack.stats("router")
+    passes = stats_after["forward_passes"] - stats_before.get("forward_passes", 0)
+    histogram = sum(delta(after, before, k) for k in after if k.startswith("bsize|router|"))
+    assert histogram == passes, "the batch-size histogram counts every forward pass the worker ran"
+    assert delta(after, before, "pass_texts|router") == stats_after["forward_texts"] - stats_before.get(
+        "forward_texts", 0
+    )
+
+    text = requests.get(f"{stack.url}/metrics", timeout=10).text
+    ok_line = next(
+        line for line in text.splitlines() if line.startswith('inference_requests_total{model="router",outcome="ok"}')
+    )
+    assert float(ok_line.split()[-1]) == after["req|router|ok"]
+    assert 'platform_queue_depth{queue="online",state="waiting"}' in text
+    assert "inference_stage_latency_seconds_bucket" in text and "inference_batch_size_bucket" in text
+
+
+def test_dashboard_needs_staff_and_shows_live_figures(stack):
+    anonymous = requests.get(f"{stack.url}/dashboard/", timeout=10, allow_redirects=False)
+    assert anonymous.status_code == 302 and "/admin/login/" in anonymous.headers["Location"]
+    not_staff = stack.browser_login("tester").get(f"{stack.url}/dashboard/data.json", timeout=10, allow_redirects=False)
+    assert not_staff.status_code == 302
+
+    staff = stack.browser_login("boss")
+    page = staff.get(f"{stack.url}/dashboard/", timeout=10)
+    assert page.status_code == 200 and "Platform dashboard" in page.text and "<canvas" in page.text
+    assert "cdn" not in page.text.lower()
+    stack.predict("router", ["warm the dashboard"])
+    data = wait_until(
+        lambda: (d := staff.get(f"{stack.url}/dashboard/data.json", timeout=10).json())["online"]["qps"] > 0 and d,
+        10,
+        "traffic on the dashboard",
+    )
+    assert {w["queue"] for w in data["workers"]} == {"online", "offline"}
+    assert all(w["rss_mb"] > 0 for w in data["workers"])
+    assert len(data["series"]["t"]) == 180 and any(v for v in data["series"]["qps"])
+    assert data["sampled_s_ago"] is not None and data["sampled_s_ago"] < 5
+    assert data["verdict"]["text"]
+
+
+def test_a_504_lands_in_the_slow_request_log(stack):
+    stack.pause_worker()
+    try:
+        response = stack.predict(
+            "router", ["this one will be slow"], **{"X-Deadline-Ms": "300", "X-Request-ID": "slow-one-1"}
+        )
+    finally:
+        stack.resume_worker()
+    assert response.status_code == 504
+    staff = stack.browser_login("boss")
+    wait_until(
+        lambda: any(
+            r["request_id"] == "slow-one-1"
+            for r in staff.get(f"{stack.url}/dashboard/data.json", timeout=10).json()["slow"]
+        ),
+        10,
+        "the slow-request log entry",
+    )
+    admin = staff.get(f"{stack.url}/admin/inference/slowrequest/", params={"q": "slow-one-1"}, timeout=10)
+    assert admin.status_code == 200 and "slow-one-1" in admin.text
+
+
+def test_diagnose_names_a_backlog_when_the_online_worker_stops(stack):
+    stack.pause_worker()
+    try:
+        with ThreadPoolExecutor(12) as pool:
+            futures = [
+                pool.submit(stack.predict, "router", [f"stuck {i}"], **{"X-Deadline-Ms": "9000"}) for i in range(12)
+            ]
+            time.sleep(1)
+            futures += [
+                pool.submit(stack.predict, "router", [f"stuck more {i}"], **{"X-Deadline-Ms": "9000"})
+                for i in range(12)
+            ]
+            time.sleep(4)  # the offline worker's sampler records the online queue each second
+            verdict = diagnose(stack, window_s=6)
+            stack.resume_worker()
+            [f.result() for f in futures]
+    finally:
+        stack.resume_worker()
+    assert "backlog grows over time" in verdict, verdict
+    assert "online queue" in verdict and "action:" in verdict
+
+
+def test_diagnose_says_no_jam_on_a_healthy_stack(stack):
+    wait_until(lambda: len(stack.online_children()) == 1, 30, "the online child")
+    time.sleep(7)  # let earlier tests' refusals and timeouts leave the window
+    for i in range(10):
+        assert stack.predict("router", [f"the app crashes on start {i}"]).status_code == 200
+    verdict = diagnose(stack, window_s=6)
+    assert verdict.startswith("no jam: last 6 s:"), verdict
