@@ -36,14 +36,8 @@ def _timing(request: Any, passes: list[runtime.Pass], group_size: int) -> dict[s
 
 def serve_online(requests: list[Any], client: redis.Redis, state: WorkerState | None = None) -> None:
     """Answer each request in `requests` (celery-batches SimpleRequests stamped by AdaptiveBatches)."""
-    if state:
-        state.state, state.batches = "busy", state.batches + 1
-    try:
-        for model, group in group_by(requests, lambda r: r.kwargs["model"]).items():
-            _serve_model(model, group, client, state)
-    finally:
-        if state:
-            state.state = "idle"
+    for model, group in group_by(requests, lambda r: r.kwargs["model"]).items():
+        _serve_model(model, group, client, state)
 
 
 class _Answers:

@@ -34,7 +34,8 @@ class OnlineBatches(AdaptiveBatches):
 
 @app.task(base=OnlineBatches, name="inference.predict_online", ignore_result=True)
 def predict_online(requests: list[Any]) -> None:
-    serve_online(requests, get_redis(), worker_process.state)
+    with worker_process.busy():
+        serve_online(requests, get_redis(), worker_process.state)
 
 
 @signals.worker_process_init.connect

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from django.conf import settings
 
@@ -35,6 +37,18 @@ def start() -> None:
     _heartbeat = Heartbeat(get_redis(), state, settings.WORKER_HEARTBEAT_S)
     _heartbeat.start()
     logger.info("worker child %s ready on %s with %s", state.worker_id, state.queue, state.models)
+
+
+@contextmanager
+def busy() -> Iterator[None]:
+    """Mark this child busy while it runs a batch (the heartbeat shows it on the dashboard)."""
+    if state:
+        state.state, state.batches = "busy", state.batches + 1
+    try:
+        yield
+    finally:
+        if state:
+            state.state = "idle"
 
 
 def stop() -> None:

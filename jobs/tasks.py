@@ -11,6 +11,7 @@ from celery import signals
 from django.conf import settings
 from django.db import close_old_connections
 
+from inference import worker_process
 from inference.batching import AdaptiveBatches
 from jobs.reconcile import reconcile
 from jobs.runner import requeue_lost, run_chunks
@@ -39,7 +40,8 @@ class OfflineBatches(AdaptiveBatches):
 # acks_late: a chunk's message is acknowledged after its batch ends, so a crash redelivers it.
 @app.task(base=OfflineBatches, name="jobs.run_chunk", ignore_result=True, acks_late=True)
 def run_chunk(requests: list[Any]) -> None:
-    run_chunks(requests)
+    with worker_process.busy():
+        run_chunks(requests)
 
 
 class Reconciler:
@@ -72,6 +74,31 @@ class Reconciler:
 
 
 _reconciler: Reconciler | None = None
+
+
+def lower_cpu_priority(nice: int) -> None:
+    """Make this worker yield the CPU to online work: nice for the process, and for its autogroup.
+
+    With the kernel's autogroup scheduling (the default on desktop and many server kernels), CPU is
+    shared fairly between sessions first, and a process's nice value only counts inside its own
+    session: `nice -n 10 celery ...` started in its own session (as honcho and containers do) still
+    gets half the CPU against the online worker. The autogroup's own nice value is what counts
+    across sessions, so it is raised too.
+    """
+    current = os.nice(0)
+    if nice > current:
+        os.nice(nice - current)
+    try:
+        with open("/proc/self/autogroup", "w") as handle:
+            handle.write(str(nice))
+    except OSError:
+        pass  # no autogroup scheduling here: the process nice value is enough
+
+
+@signals.worker_init.connect
+def _lower_priority(**_: Any) -> None:
+    if os.environ.get("WORKER_QUEUE") == "offline":
+        lower_cpu_priority(settings.OFFLINE_NICE)
 
 
 @signals.worker_ready.connect

@@ -30,7 +30,9 @@ class Snapshot:
     inference_p50_s: float | None = None
     mean_batch_size: float | None = None
     mean_fill: float | None = None
-    online_waiting: list[float] = field(default_factory=list)  # one sample per second, oldest first
+    # Online requests admitted (waiting in the broker plus buffered or running in a worker), one
+    # sample per second, oldest first. The broker list alone stays near empty: workers prefetch.
+    online_backlog: list[float] = field(default_factory=list)
     online_in_flight: float = 0.0
     online_workers_now: int = 0
     online_workers_min: int = 0  # fewest alive during the window
@@ -69,19 +71,20 @@ def _ms(seconds: float | None) -> str:
 def diagnose(s: Snapshot) -> list[Finding]:
     """Every troubleshooting row that holds now, with its evidence; empty means no jam."""
     found: list[Finding] = []
-    waiting_now = s.online_waiting[-1] if s.online_waiting else 0.0
-    slope = _slope_per_s(s.online_waiting)
+    waiting_now = s.online_backlog[-1] if s.online_backlog else 0.0
+    # Growth over the window's second half: a step when load starts is not a backlog that grows.
+    slope = _slope_per_s(s.online_backlog[len(s.online_backlog) // 2 :])
     refused = sum(s.refusals_per_s.values())
+    not_draining = waiting_now >= 5 and s.ok_per_s == 0
 
-    if (slope > 0.2 and waiting_now >= 5) or s.refusals_per_s.get("backlog_full", 0) > 0:
-        first = s.online_waiting[0] if s.online_waiting else 0.0
+    if (slope > 0.2 and waiting_now >= 5) or not_draining or s.refusals_per_s.get("backlog_full", 0) > 0:
+        first = s.online_backlog[0] if s.online_backlog else 0.0
         found.append(
             Finding(
                 "backlog_growing",
                 "backlog grows over time (queue unbounded or under-provisioned)",
-                f"online queue {first:.0f} -> {waiting_now:.0f} waiting over {s.window_s} s (+{slope:.2f}/s), "
-                f"{s.online_in_flight:.0f} in flight, backlog_full refusals {s.refusals_per_s.get('backlog_full', 0):.2f}/s, "
-                f"{s.ok_per_s:.1f} answered/s",
+                f"online backlog {first:.0f} -> {waiting_now:.0f} requests over {s.window_s} s (+{slope:.2f}/s), "
+                f"backlog_full refusals {s.refusals_per_s.get('backlog_full', 0):.2f}/s, {s.ok_per_s:.1f} answered/s",
                 "add online worker children or hosts (scale on queue depth, not CPU); keep ONLINE_MAX_BACKLOG bounded",
             )
         )
@@ -109,6 +112,21 @@ def diagnose(s: Snapshot) -> list[Finding]:
                 f"inference P50 {_ms(s.inference_p50_s)}",
                 "profile the web tier and the worker's main process (py-spy): look for a lock, a blocking call or "
                 "a dispatch that waits",
+            )
+        )
+    if (
+        s.busy_fraction is not None
+        and s.busy_fraction >= 0.85
+        and ((s.p99_s is not None and s.p99_s >= 1.0) or s.timeouts_per_s > 0)
+    ):
+        found.append(
+            Finding(
+                "compute_saturated",
+                "workers busy and latency high (model compute is the bottleneck)",
+                f"online children busy {s.busy_fraction * 100:.0f}% of the time, P99 {_ms(s.p99_s)}, "
+                f"{s.timeouts_per_s:.2f} timeouts/s at {s.ok_per_s:.1f} answered/s",
+                "add worker children, hosts or a GPU; on a GPU raise max_batch_size; or shed load sooner with a "
+                "shorter ONLINE_DEADLINE_MS or a smaller ONLINE_MAX_BACKLOG",
             )
         )
     if waiting_now >= 2 and s.mean_batch_size is not None and s.mean_batch_size <= 1.5:
@@ -162,8 +180,8 @@ def diagnose(s: Snapshot) -> list[Finding]:
 def summary(s: Snapshot) -> str:
     return (
         f"last {s.window_s} s: {s.requests_per_s:.1f} requests/s ({s.ok_per_s:.1f} ok), P50 {_ms(s.p50_s)}, "
-        f"P99 {_ms(s.p99_s)}, mean batch {s.mean_batch_size or 0:.2f}, online waiting "
-        f"{(s.online_waiting or [0])[-1]:.0f}, in flight {s.online_in_flight:.0f}, "
+        f"P99 {_ms(s.p99_s)}, mean batch {s.mean_batch_size or 0:.2f}, online backlog "
+        f"{(s.online_backlog or [0])[-1]:.0f} ({s.online_in_flight:.0f} in a worker), "
         f"{s.online_workers_now} online children, busy {(s.busy_fraction or 0) * 100:.0f}%"
     )
 
@@ -200,7 +218,9 @@ def snapshot(client, window_s: int = 60, trend_s: int = 900) -> Snapshot:
     s.p50_s, s.p99_s = w.percentile_s("total", 50), w.percentile_s("total", 99)
     s.inference_p50_s = w.percentile_s("inference", 50)
     s.mean_batch_size, s.mean_fill = w.mean_batch_size(), w.mean_fill()
-    s.online_waiting = [b.get("gauge|online|waiting", 0.0) for b in seconds if "gauge|online|waiting" in b]
+    s.online_backlog = [
+        b["gauge|online|waiting"] + b.get("gauge|online|in_flight", 0.0) for b in seconds if "gauge|online|waiting" in b
+    ]
     latest = next((b for b in reversed(seconds) if "gauge|online|in_flight" in b), {})
     s.online_in_flight = latest.get("gauge|online|in_flight", 0.0)
     workers = [

@@ -152,6 +152,8 @@ REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
 
 # OFFLINE_TIME_LIMIT_S: hard limit for one offline task (minutes, not seconds).
 OFFLINE_TIME_LIMIT_S = env.int("OFFLINE_TIME_LIMIT_S", default=30 * 60)
+# OFFLINE_NICE: CPU priority of the offline worker (0 to 19; higher yields more to online work).
+OFFLINE_NICE = env.int("OFFLINE_NICE", default=10)
 # ONLINE_TIME_LIMIT_S: hard limit for one online batch; the deadline normally ends a request first.
 ONLINE_TIME_LIMIT_S = env.int("ONLINE_TIME_LIMIT_S", default=30)
 

@@ -133,7 +133,7 @@ def test_diagnose_names_a_backlog_when_the_online_worker_stops(stack):
     finally:
         stack.resume_worker()
     assert "backlog grows over time" in verdict, verdict
-    assert "online queue" in verdict and "action:" in verdict
+    assert "online backlog" in verdict and "action:" in verdict
 
 
 def test_diagnose_says_no_jam_on_a_healthy_stack(stack):
