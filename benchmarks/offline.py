@@ -24,7 +24,9 @@ from pathlib import Path
 
 import requests
 
-from benchmarks.smoke import CORPUS, default_token
+from benchmarks.ceiling import load_handler, sorted_passes_rate
+from benchmarks.loadgen import CORPUS
+from benchmarks.smoke import default_token
 
 HERE = Path(__file__).resolve().parent
 
@@ -108,28 +110,7 @@ def seconds_between(a: str, b: str) -> float:
 
 def raw_ceiling(texts: list[str], model: str, dispatch_rows: int) -> float:
     """Rows per second of the model in this process: one thread, length-sorted passes per dispatch."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings")
-    import django
-
-    django.setup()
-    import torch
-
-    from inference.batching import plan_batches
-    from inference.handlers import build_handler
-    from inference.registry import get_registry
-
-    torch.set_num_threads(1)
-    spec = get_registry().get(model)
-    handler = build_handler(spec)
-    handler.warm_up()
-    started = time.perf_counter()
-    for start in range(0, len(texts), dispatch_rows):
-        ids = handler.tokenize(texts[start : start + dispatch_rows])
-        for group in plan_batches(
-            [len(r) for r in ids], spec.max_batch_size, spec.max_batch_tokens, spec.max_padding_fraction
-        ):
-            handler.forward([ids[i] for i in group])
-    return len(texts) / (time.perf_counter() - started)
+    return sorted_passes_rate(load_handler(model), texts, dispatch_rows)
 
 
 def main() -> None:
