@@ -63,6 +63,15 @@ def processes(pattern: list[str]) -> list[psutil.Process]:
     return found
 
 
+def with_children(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """The processes and all their descendants, each once (uvicorn's workers and Celery's pool are children)."""
+    found: dict[int, psutil.Process] = {}
+    for proc in procs:
+        for member in [proc, *proc.children(recursive=True)]:
+            found[member.pid] = member
+    return list(found.values())
+
+
 def cpu_seconds(procs: list[psutil.Process]) -> float:
     total = 0.0
     for proc in procs:
@@ -335,10 +344,8 @@ def main() -> None:
     headers = {"Authorization": f"Token {token}"}
     platform_url = f"{args.url}/api/v1/models/{args.model}/predict"
     client = redis.Redis.from_url(args.redis_url, decode_responses=True)
-    web = processes(["uvicorn", "platform_.asgi"])
-    workers = processes(["celery", "-Q online"])
-    for proc in list(workers):
-        workers += proc.children(recursive=True)
+    web = with_children(processes(["uvicorn", "platform_.asgi"]))
+    workers = with_children(processes(["celery", "-Q online"]))
 
     ceiling = None
     if not args.no_ceiling:
@@ -364,7 +371,7 @@ def main() -> None:
     scenarios: dict = {}
     wanted = [s for s in args.scenarios.split(",") if s]
     capacity = max((s.qps for s in steps if s.system == "platform"), default=0.0)
-    everything = web + workers + processes(["celery", "-Q offline"])
+    everything = web + workers + with_children(processes(["celery", "-Q offline"]))
     if "overload" in wanted and capacity:
         print(f"overload: open loop at 3 x {capacity:.1f}/s for {args.scenario_seconds:.0f} s ...", flush=True)
         scenarios["overload"] = overload(platform_url, headers, capacity, args.scenario_seconds, everything)

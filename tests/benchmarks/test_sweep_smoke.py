@@ -20,8 +20,22 @@ pytestmark = pytest.mark.integration
 def test_sweep_runs_both_systems_and_writes_its_report(stack, redis_url, tmp_path):
     result = subprocess.run(
         [
-            sys.executable, "-m", "benchmarks.sweep", "--url", stack.url, "--concurrency", "1,4", "--seconds", "2",
-            "--no-ceiling", "--scenarios", "", "--redis-url", redis_url, "--out", str(tmp_path),
+            sys.executable,
+            "-m",
+            "benchmarks.sweep",
+            "--url",
+            stack.url,
+            "--concurrency",
+            "1,4",
+            "--seconds",
+            "2",
+            "--no-ceiling",
+            "--scenarios",
+            "",
+            "--redis-url",
+            redis_url,
+            "--out",
+            str(tmp_path),
         ],  # fmt: skip
         cwd=ROOT,
         env={**stack.env, "API_TOKEN": stack.token},
@@ -31,7 +45,12 @@ def test_sweep_runs_both_systems_and_writes_its_report(stack, redis_url, tmp_pat
     )
     assert result.returncode == 0, result.stderr[-3000:]
     rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
-    assert [(r["system"], r["concurrency"]) for r in rows] == [("platform", "1"), ("platform", "4"), ("naive", "1"), ("naive", "4")]
+    assert [(r["system"], r["concurrency"]) for r in rows] == [
+        ("platform", "1"),
+        ("platform", "4"),
+        ("naive", "1"),
+        ("naive", "4"),
+    ]
     assert all(int(r["requests"]) > 0 for r in rows)
     assert "| platform | 4 |" in (tmp_path / "sweep.md").read_text()
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
