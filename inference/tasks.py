@@ -13,8 +13,9 @@ from inference.registry import get_registry
 from inference.replies import push_replies
 from inference.serving import serve_online
 from platform_.celery import app
+from platform_.periodic import Periodic
 from platform_.redis import get_redis
-from platform_.sampler import Sampler
+from platform_.sampler import sample_and_trim
 
 
 class OnlineBatches(AdaptiveBatches):
@@ -48,14 +49,14 @@ def _stop_heartbeat(**_: Any) -> None:
     worker_process.stop()
 
 
-_sampler: Sampler | None = None
+_sampler: Periodic | None = None
 
 
 @signals.worker_ready.connect
 def _start_sampler(**_: Any) -> None:
     """Every worker's main process samples queue depths; a Redis lock keeps it to one sample a second."""
     global _sampler
-    _sampler = Sampler()
+    _sampler = Periodic("metrics-sampler", 1.0, sample_and_trim)
     _sampler.start()
 
 

@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
 from typing import Any
 
 from celery import signals
 from django.conf import settings
-from django.db import close_old_connections
 
 from inference import worker_process
 from inference.batching import AdaptiveBatches
 from jobs.reconcile import reconcile
 from jobs.runner import requeue_lost, run_chunks
 from platform_.celery import app
-from platform_.redis import get_redis
-
-logger = logging.getLogger(__name__)
+from platform_.periodic import Periodic
 
 
 class OfflineBatches(AdaptiveBatches):
@@ -44,36 +39,7 @@ def run_chunk(requests: list[Any]) -> None:
         run_chunks(requests)
 
 
-class Reconciler:
-    """Runs the reconciler every JOBS_RECONCILE_S in the offline worker's main process.
-
-    A thread, not a beat task: a task would wait behind long offline batches in the pool. A Redis
-    lock keeps several offline workers from reconciling at once.
-    """
-
-    def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="reconciler", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            try:
-                if get_redis().set("jobs:reconcile:lock", "1", nx=True, px=int(self.interval_s * 900)):
-                    reconcile()
-            except Exception:  # keep reconciling next time; a failed pass changes nothing
-                logger.exception("reconciler pass failed")
-            finally:
-                close_old_connections()
-
-
-_reconciler: Reconciler | None = None
+_reconciler: Periodic | None = None
 
 
 def lower_cpu_priority(nice: int) -> None:
@@ -105,7 +71,7 @@ def _lower_priority(**_: Any) -> None:
 def _start_reconciler(**_: Any) -> None:
     global _reconciler
     if os.environ.get("WORKER_QUEUE") == "offline":
-        _reconciler = Reconciler(settings.JOBS_RECONCILE_S)
+        _reconciler = Periodic("jobs-reconciler", settings.JOBS_RECONCILE_S, reconcile)
         _reconciler.start()
 
 

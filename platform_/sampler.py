@@ -1,26 +1,21 @@
 """Once a second, writes the gauges no request carries: queue depths, workers alive, worker memory.
 
-Runs as a thread in every Celery worker's main process (started in inference/tasks.py); a Redis lock
-makes one sample per second whichever workers are up. Queue depth is the first warning of a jam,
+Runs in every Celery worker's main process (platform_/periodic.py, started in inference/tasks.py);
+a Redis lock makes one sample per second whichever workers are up. Queue depth is the first warning of a jam,
 so it is sampled even when nobody watches the dashboard.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 
 from django.conf import settings
-from django.db import close_old_connections
 
 from inference.admission import backlog_key
 from inference.registry import get_registry
 from inference.workers import WORKERS_KEY, alive_workers
 from platform_.metrics import GAUGES_KEY, HISTORY_S, second_key
 from platform_.redis import get_redis
-
-logger = logging.getLogger(__name__)
 
 
 def queue_depths(client) -> dict[str, float]:
@@ -81,30 +76,13 @@ def trim_slow_log(keep: int) -> int:
     return SlowRequest.objects.filter(created_at__lte=cutoff[0]).delete()[0]
 
 
-class Sampler:
-    """The sampling thread; start() and stop() bound its life."""
+_last_trim = 0.0
 
-    def __init__(self, interval_s: float = 1.0) -> None:
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="metrics-sampler", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        ticks = 0
-        while not self._stop.wait(self.interval_s):
-            ticks += 1
-            try:
-                if get_redis().set("metrics:sampler:lock", "1", nx=True, px=int(self.interval_s * 900)):
-                    sample_once()
-                    if ticks % 60 == 0:
-                        trim_slow_log(settings.SLOW_REQUEST_KEEP)
-            except Exception:  # a missed sample is a gap in a chart, not a reason to stop sampling
-                logger.exception("metrics sample failed")
-            finally:
-                close_old_connections()
+def sample_and_trim() -> None:
+    """The sampler's tick: gauges every second, slow-log retention once a minute."""
+    global _last_trim
+    sample_once()
+    if time.time() - _last_trim >= 60:
+        _last_trim = time.time()
+        trim_slow_log(settings.SLOW_REQUEST_KEEP)
