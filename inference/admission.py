@@ -78,8 +78,13 @@ def retry_after_s(reason: str, backlog: int, limit: int, rate_per_s: float | Non
 class Admission:
     """Admits and releases online requests for one web process; caches the drain-rate estimate briefly."""
 
-    def __init__(self, client: aredis.Redis, *, heartbeat_s: float, rate_window_s: int, cache_s: float = 0.5) -> None:
+    def __init__(
+        self, client: aredis.Redis, *, heartbeat_s: float, rate_window_s: int, cache_s: float = 0.5, headroom: float = 1.0
+    ) -> None:
         self.client = client
+        # The share of a request's remaining time the queue ahead may take: the rest is for its own
+        # inference, and for the drain rate to be lower than measured (as it is under overload).
+        self.headroom = headroom
         self.heartbeat_s = heartbeat_s
         self.rate_window_s = rate_window_s
         self.cache_s = cache_s
@@ -114,7 +119,7 @@ class Admission:
                 False, "no_worker", 0, spec.max_backlog, None, retry_after_s=max(1, math.ceil(3 * self.heartbeat_s))
             )
         now = time.time()
-        remaining_s = deadline - now
+        remaining_s = (deadline - now) * self.headroom
         code, ahead = await self._script(
             keys=[backlog_key(spec.name)],
             args=[now, request_id, deadline, spec.max_backlog, rate or 0, remaining_s],

@@ -54,7 +54,10 @@ def get_admission() -> Admission:
     admission = _admissions.get(loop_id)
     if admission is None:
         admission = Admission(
-            get_async_redis(), heartbeat_s=settings.WORKER_HEARTBEAT_S, rate_window_s=settings.ONLINE_RATE_WINDOW_S
+            get_async_redis(),
+            heartbeat_s=settings.WORKER_HEARTBEAT_S,
+            rate_window_s=settings.ONLINE_RATE_WINDOW_S,
+            headroom=settings.ONLINE_ADMISSION_HEADROOM,
         )
         _admissions[loop_id] = admission
     return admission

@@ -120,3 +120,20 @@ def test_no_live_worker_is_refused(redis_url, model_name):
 
     decision = run(scenario())
     assert not decision.admitted and decision.reason == "no_worker"
+
+
+def test_headroom_keeps_part_of_the_deadline_for_the_request_itself(redis_url, model_name):
+    async def scenario(headroom: float):
+        client, _ = await _admission(redis_url, model_name, children=1, done=10, busy_s=1.0)
+        admission = Admission(client, heartbeat_s=2.0, rate_window_s=10, cache_s=0, headroom=headroom)
+        spec = ModelSpec(name=model_name, task="embedding", path="x", max_backlog=100)
+        await client.delete(backlog_key(model_name))
+        for i in range(5):  # 5 ahead at 10/s: a 0.5 s wait
+            await admission.admit(spec, f"ahead{i}", time.time() + 60)
+        decision = await admission.admit(spec, "me", time.time() + 0.8)
+        await client.aclose()
+        return decision
+
+    assert run(scenario(1.0)).admitted
+    refused = run(scenario(0.5))
+    assert not refused.admitted and refused.reason == "deadline"
