@@ -79,7 +79,13 @@ class Admission:
     """Admits and releases online requests for one web process; caches the drain-rate estimate briefly."""
 
     def __init__(
-        self, client: aredis.Redis, *, heartbeat_s: float, rate_window_s: int, cache_s: float = 0.5, headroom: float = 1.0
+        self,
+        client: aredis.Redis,
+        *,
+        heartbeat_s: float,
+        rate_window_s: int,
+        cache_s: float = 0.5,
+        headroom: float = 1.0,
     ) -> None:
         self.client = client
         # The share of a request's remaining time the queue ahead may take: the rest is for its own
