@@ -72,7 +72,6 @@ def _ms(seconds: float | None) -> float | None:
 def dashboard_data(client=None) -> dict[str, Any]:
     client = client or get_redis()
     now = time.time()
-    minute = metrics.window(client, 60, now)
     gauges = {k: float(v) for k, v in client.hgetall(metrics.GAUGES_KEY).items()}
     snapshot = diagnosis.snapshot(client, window_s=60)
     findings = diagnosis.diagnose(snapshot)
@@ -87,15 +86,15 @@ def dashboard_data(client=None) -> dict[str, Any]:
         },
         "sampled_s_ago": round(now - gauges["sampled_at"], 1) if "sampled_at" in gauges else None,
         "online": {
-            "qps": round(minute.requests(outcome="ok") / 60, 2),
-            "p50_ms": _ms(minute.percentile_s("total", 50)),
-            "p95_ms": _ms(minute.percentile_s("total", 95)),
-            "p99_ms": _ms(minute.percentile_s("total", 99)),
+            "qps": round(snapshot.ok_per_s, 2),
+            "p50_ms": _ms(snapshot.p50_s),
+            "p95_ms": _ms(snapshot.p95_s),
+            "p99_ms": _ms(snapshot.p99_s),
             "refusals_per_s": {k: round(v, 2) for k, v in snapshot.refusals_per_s.items()},
             "timeouts_per_s": round(snapshot.timeouts_per_s, 2),
-            "mean_batch_size": None if minute.mean_batch_size() is None else round(minute.mean_batch_size(), 2),
-            "mean_fill_pct": None if minute.mean_fill() is None else round(minute.mean_fill() * 100, 1),
-            "offline_rows_per_s": round(sum(minute.matching("orows|").values()) / 60, 1),
+            "mean_batch_size": None if snapshot.mean_batch_size is None else round(snapshot.mean_batch_size, 2),
+            "mean_fill_pct": None if snapshot.mean_fill is None else round(snapshot.mean_fill * 100, 1),
+            "offline_rows_per_s": round(snapshot.offline_rows_per_s, 1),
         },
         "workers": [
             {

@@ -26,7 +26,9 @@ class Snapshot:
     refusals_per_s: dict[str, float] = field(default_factory=dict)
     timeouts_per_s: float = 0.0
     p50_s: float | None = None
+    p95_s: float | None = None
     p99_s: float | None = None
+    offline_rows_per_s: float = 0.0
     inference_p50_s: float | None = None
     mean_batch_size: float | None = None
     mean_fill: float | None = None
@@ -215,7 +217,8 @@ def snapshot(client, window_s: int = 60, trend_s: int = 900) -> Snapshot:
         if name.split("|")[2].startswith("503_")
     }
     s.timeouts_per_s = w.requests(outcome="504") / window_s
-    s.p50_s, s.p99_s = w.percentile_s("total", 50), w.percentile_s("total", 99)
+    s.p50_s, s.p95_s, s.p99_s = (w.percentile_s("total", pct) for pct in (50, 95, 99))
+    s.offline_rows_per_s = sum(w.matching("orows|").values()) / window_s
     s.inference_p50_s = w.percentile_s("inference", 50)
     s.mean_batch_size, s.mean_fill = w.mean_batch_size(), w.mean_fill()
     s.online_backlog = [
