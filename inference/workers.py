@@ -138,10 +138,6 @@ def record_batch(
     pipe.execute()
 
 
-def model_stats(client: redis.Redis, model: str) -> dict[str, int]:
-    return {k: int(v) for k, v in client.hgetall(stats_key(model)).items()}
-
-
 def alive_workers(raw: dict[str, str], interval_s: float, now: float | None = None) -> list[dict[str, Any]]:
     """Entries whose last beat is fresh: three missed beats and a child counts as gone."""
     now = time.time() if now is None else now
