@@ -67,7 +67,7 @@ class AdaptiveBatches(Batches):
     """A celery-batches task that dispatches a batch whenever a pool child is free.
 
     Requests must carry `model` and `inputs` kwargs. A dispatched batch holds one model's requests,
-    at most `max_texts(model)` texts, shared evenly among the free children. Note what celery-batches
+    at most `max_texts(model)` texts and at most its share of what waits (divided by all children). Note what celery-batches
     does not do (the batch task must): honour `expires`, revocation and time limits, and report errors
     to callers; and it acknowledges messages once a child accepts the batch.
     """
@@ -134,7 +134,10 @@ class AdaptiveBatches(Batches):
             return
         while free > 0 and self._waiting:
             model = self._waiting[0].kwargs["model"]
-            share = math.ceil(self._texts_waiting(model) / free)
+            # A share of what waits per child, busy ones included: a child that frees first does not take
+            # everything while the other is about to free up (measured: P99/P50 2.0 instead of 2.5 to 3.0
+            # at 16 to 40 clients, same throughput within noise).
+            share = math.ceil(self._texts_waiting(model) / self._children())
             self._send(self._take(model, min(share, self.max_texts(model))))
             free -= 1
 
