@@ -110,10 +110,12 @@ def _run_model(model: str, chunk_ids: list[int]) -> None:
         return
     lifecycle.mark_started(c.job_id for c in chunks)
     rows = lifecycle.pending_rows(chunks)
-    invalid = [row for row in rows if row_error(row.text, settings.JOBS_MAX_TEXT_CHARS)]
-    for row in invalid:
-        row.status, row.attempts = RowStatus.FAILED, row.attempts + 1
-        row.error = row_error(row.text, settings.JOBS_MAX_TEXT_CHARS)
+    invalid = []
+    for row in rows:
+        error = row_error(row.text, settings.JOBS_MAX_TEXT_CHARS)
+        if error:
+            row.status, row.error, row.attempts = RowStatus.FAILED, error, row.attempts + 1
+            invalid.append(row)
     JobRow.objects.bulk_update(invalid, ["status", "error", "attempts"])
     rows = [row for row in rows if row.status == RowStatus.PENDING]
     spec = get_registry().get(model)
