@@ -16,6 +16,7 @@ from django.conf import settings
 
 from inference.models import SlowRequest
 from platform_ import metrics
+from platform_.db import run_db
 from platform_.redis import get_async_redis
 
 logger = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ async def _record(model: str, outcome: str, timing: dict[str, Any], slow: dict[s
     try:
         await metrics.arecord(get_async_redis(), metrics.request_fields(model, outcome, timing))
         if slow is not None:
-            await SlowRequest.objects.acreate(**slow)
+            await run_db(SlowRequest.objects.create, **slow)
     except Exception:  # observability must never break serving
         logger.exception("recording request metrics failed")
 

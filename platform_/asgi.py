@@ -1,47 +1,88 @@
 """ASGI entry point: the web tier runs under uvicorn so predict calls wait on Redis without a thread each.
 
-Predict calls take a lean path: Django's handler with no middleware. Under ASGI every classic
-(sync) middleware costs a hop to a per-request thread and back, twice, and on a 2-core machine that
-was about a fifth of the web tier's CPU per prediction. The predict view does for itself the little
-the middleware did for it (authentication from a token or a session, nosniff header). Everything
-else (admin, docs, the rest of the API) goes through the full stack.
+Predict calls take a lean path (`LeanView`): the async view is called straight from ASGI. Django's
+handler costs every request a fresh thread pool (its ThreadSensitiveContext), a thread for each of
+the request_started / request_finished signals and one to close the response, plus a thread hop
+per classic middleware. Profiled under overload (py-spy, docs/benchmarks.md), creating and joining
+those threads was about a third of a web process's CPU. The predict view does for itself the little
+the middleware did (authentication from a token or a session, nosniff and Content-Length headers),
+and its rare database calls go through `inference.api.auth.db_call`, which opens and closes
+connections as a request would. Everything else (admin, docs, the rest of the API) goes through the
+full stack.
 """
 
 from __future__ import annotations
 
-import json
+import io
+import logging
 import os
 import re
 
 from django.core.asgi import get_asgi_application
-from django.core.handlers.asgi import ASGIHandler
-from django.core.handlers.exception import convert_exception_to_response
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpResponse, JsonResponse
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings")
 django_application = get_asgi_application()
 
 from django.conf import settings  # noqa: E402  (after the app, which configures settings)
 
+from inference.api.views import predict_view  # noqa: E402
+
+logger = logging.getLogger("django.request")
+
 # Django spools a whole request body to disk before any view runs, so an oversized upload is
 # refused here, from its Content-Length, before a byte of it is read. The largest legitimate
 # body is a CSV at the upload limit plus the multipart form around it.
 MAX_BODY_BYTES = settings.JOBS_MAX_UPLOAD_BYTES + 1024 * 1024
 
-_PREDICT_PATH = re.compile(r"^/api/v1/models/[^/]+/predict$")
+_PREDICT_PATH = re.compile(r"^/api/v1/models/(?P<name>[^/]+)/predict$")
 
 
-class NoMiddlewareASGIHandler(ASGIHandler):
-    """Django's ASGI handler with an empty middleware chain (same URLs, same views)."""
+class LeanView:
+    """Serves one async Django view from ASGI with no handler, middleware, signals or threads around it."""
 
-    def load_middleware(self, is_async: bool = False) -> None:
-        self._view_middleware = []
-        self._template_response_middleware = []
-        self._exception_middleware = []
-        get_response = self._get_response_async if is_async else self._get_response
-        self._middleware_chain = convert_exception_to_response(get_response)
+    def __init__(self, view, max_body_bytes: int) -> None:
+        self.view, self.max_body_bytes = view, max_body_bytes
+
+    async def __call__(self, scope, receive, send, **view_kwargs) -> None:
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the caller left before sending the whole body: nothing was admitted
+            body += message.get("body", b"")
+            if len(body) > self.max_body_bytes:
+                await _send(send, _too_large_response(len(body), self.max_body_bytes))
+                return
+            if not message.get("more_body"):
+                break
+        request = ASGIRequest(scope, io.BytesIO(bytes(body)))
+        try:
+            response = await self.view(request, **view_kwargs)
+        except Exception:  # what Django's handler would turn into its 500 page, as JSON here
+            logger.exception("unhandled error in %s", scope["path"])
+            response = JsonResponse({"detail": "internal server error", "code": "server_error"}, status=500)
+        await _send(send, response)
 
 
-predict_application = NoMiddlewareASGIHandler()
+async def _send(send, response: HttpResponse) -> None:
+    headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in response.items()]
+    headers += [(b"set-cookie", c.output(header="").strip().encode("latin-1")) for c in response.cookies.values()]
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": response.content})
+
+
+def _too_large_response(length: int, limit: int) -> HttpResponse:
+    response = JsonResponse(
+        {"detail": f"the request body is {length} bytes; the limit is {limit} bytes", "code": "payload_too_large"},
+        status=413,
+    )
+    response["Connection"] = "close"
+    return response
+
+
+predict_application = LeanView(predict_view, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
 
 
 def _content_length(scope) -> int:
@@ -51,26 +92,10 @@ def _content_length(scope) -> int:
     return 0
 
 
-async def _too_large(send, length: int) -> None:
-    body = json.dumps(
-        {
-            "detail": f"the request body is {length} bytes; the limit is {MAX_BODY_BYTES} bytes",
-            "code": "payload_too_large",
-        }
-    ).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"),
-    ]
-    await send({"type": "http.response.start", "status": 413, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
 async def application(scope, receive, send) -> None:
     if scope["type"] == "http" and (length := _content_length(scope)) > MAX_BODY_BYTES:
-        await _too_large(send, length)
-    elif scope["type"] == "http" and _PREDICT_PATH.match(scope["path"]):
-        await predict_application(scope, receive, send)
+        await _send(send, _too_large_response(length, MAX_BODY_BYTES))
+    elif scope["type"] == "http" and (match := _PREDICT_PATH.match(scope["path"])):
+        await predict_application(scope, receive, send, name=match["name"])
     else:
         await django_application(scope, receive, send)

@@ -11,11 +11,12 @@ from importlib import import_module
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import aget_user
+from django.contrib.auth import get_user
 from django.contrib.auth.models import AnonymousUser
 from django.middleware.csrf import CsrfViewMiddleware
 from rest_framework.authtoken.models import Token
 
+from platform_.db import run_db
 from platform_.errors import ApiError
 
 _token_cache: dict[str, tuple[float, Any]] = {}
@@ -31,7 +32,7 @@ async def _user_for_token(key: str) -> Any:
     cached = _token_cache.get(key)
     if cached and cached[0] > now:
         return cached[1]
-    token = await Token.objects.select_related("user").filter(key=key).afirst()
+    token = await run_db(Token.objects.select_related("user").filter(key=key).first)
     if token is None or not token.user.is_active:
         raise _unauthenticated("invalid token")
     if len(_token_cache) >= _TOKEN_CACHE_MAX:
@@ -40,14 +41,19 @@ async def _user_for_token(key: str) -> Any:
     return token.user
 
 
+def _load_session_user(request: Any) -> Any:
+    if not hasattr(request, "session"):
+        request.session = import_module(settings.SESSION_ENGINE).SessionStore(
+            request.COOKIES[settings.SESSION_COOKIE_NAME]
+        )
+    return get_user(request)
+
+
 async def _session_user(request: Any) -> Any:
     """The session's user. Predict runs without middleware (platform_/asgi.py), so the session is loaded here."""
-    if not hasattr(request, "session"):
-        cookie = request.COOKIES.get(settings.SESSION_COOKIE_NAME)
-        if not cookie:
-            return AnonymousUser()
-        request.session = import_module(settings.SESSION_ENGINE).SessionStore(cookie)
-    return await aget_user(request)
+    if not hasattr(request, "session") and not request.COOKIES.get(settings.SESSION_COOKIE_NAME):
+        return AnonymousUser()
+    return await run_db(_load_session_user, request)
 
 
 def _enforce_csrf(request: Any) -> None:

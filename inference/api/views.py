@@ -112,6 +112,8 @@ async def predict_view(request: Any, name: str) -> JsonResponse:
     )
     response["X-Request-ID"] = request_id
     response["X-Content-Type-Options"] = "nosniff"  # SecurityMiddleware's header; predict skips middleware
+    # CommonMiddleware's header: without it the server frames the small body as chunked.
+    response["Content-Length"] = str(len(response.content))
     return response
 
 
