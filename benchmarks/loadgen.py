@@ -142,7 +142,11 @@ def _measured(body) -> Run:
 def closed_loop(
     url: str, headers: dict[str, str], clients: int, seconds: float, seed: int = 0, timeout_s: float = 30
 ) -> Run:
-    """`clients` concurrent clients, each sending its next request as soon as the last one is answered."""
+    """`clients` concurrent clients, each sending its next request as soon as the last one is answered.
+
+    A client told 503 with Retry-After waits that long before its next request, as a well-behaved
+    client does; one that retried at once would measure how fast refusals can be made, not the service.
+    """
 
     async def body(run: Run) -> None:
         http = _Http(url, headers)
@@ -151,7 +155,10 @@ def closed_loop(
         async def client(index: int) -> None:
             rng = random.Random(seed * 1000 + index)
             while time.monotonic() < stop_at:
-                run.results.append(await http.post(rng.choice(CORPUS), timeout_s))
+                result = await http.post(rng.choice(CORPUS), timeout_s)
+                run.results.append(result)
+                if result.status == 503 and result.retry_after and result.retry_after.isdigit():
+                    await asyncio.sleep(min(int(result.retry_after), max(0.0, stop_at - time.monotonic())))
 
         await asyncio.gather(*(client(i) for i in range(clients)))
         http.close()
