@@ -259,9 +259,9 @@ def targets(steps: list[Step], ceiling: Ceiling, scenarios: dict) -> list[tuple[
     if not platform:
         return out
     peak = max(s.qps for s in platform)
-    _, sorted_ceiling = ceiling.best(sorted_=True)
-    # The in-process ceiling is one process with one thread; the platform runs 2 children on 2 cores.
-    ceiling_2 = sorted_ceiling * 2
+    # The platform runs N online children with one torch thread each: its ceiling is N such processes
+    # running length-sorted passes at once (measured, not N times one process).
+    children, ceiling_n = max(ceiling.parallel.items(), default=(1, ceiling.best(sorted_=True)[1]))
     if naive:
         naive_peak = max(s.qps for s in naive)
         out.append(
@@ -273,9 +273,9 @@ def targets(steps: list[Step], ceiling: Ceiling, scenarios: dict) -> list[tuple[
         )
     out.append(
         (
-            "peak QPS >= 0.8 x in-process ceiling (2 processes)",
-            f"{peak:.1f} / {ceiling_2:.1f} = {peak / ceiling_2:.2f}",
-            peak / ceiling_2 >= 0.8,
+            f"peak QPS >= 0.8 x in-process ceiling ({children} processes)",
+            f"{peak:.1f} / {ceiling_n:.1f} = {peak / ceiling_n:.2f}",
+            peak / ceiling_n >= 0.8,
         )
     )
     last = max(platform, key=lambda s: s.concurrency)
@@ -288,7 +288,14 @@ def targets(steps: list[Step], ceiling: Ceiling, scenarios: dict) -> list[tuple[
     )
     worst = max(platform, key=lambda s: (s.p99_ms or 0) / (s.p50_ms or 1))
     ratio = (worst.p99_ms or 0) / (worst.p50_ms or 1)
-    out.append(("fairness: P99 <= 1.5 x P50 at every step", f"worst at {worst.concurrency}: {ratio:.2f}", ratio <= 1.5))
+    raw = ceiling.single_p99_ms / ceiling.single_p50_ms
+    out.append(
+        (
+            "fairness: P99 <= 1.5 x P50 at every step",
+            f"worst at {worst.concurrency}: {ratio:.2f} (the raw model alone, one request at a time: {raw:.2f})",
+            ratio <= 1.5,
+        )
+    )
     c1 = next((s for s in platform if s.concurrency == 1), None)
     if c1 and c1.p50_ms:
         overhead = c1.p50_ms - ceiling.single_p50_ms
@@ -330,6 +337,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="per step")
     parser.add_argument("--no-naive", action="store_true")
     parser.add_argument("--no-ceiling", action="store_true")
+    parser.add_argument(
+        "--children", type=int, default=int(os.environ.get("ONLINE_CONCURRENCY", 2)), help="online worker children"
+    )
     parser.add_argument("--scenarios", default="overload,isolation", help="comma list, or empty")
     parser.add_argument("--scenario-seconds", type=float, default=60.0)
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
@@ -350,7 +360,7 @@ def main() -> None:
     ceiling = None
     if not args.no_ceiling:
         print("model ceiling (in-process, 1 thread) ...", flush=True)
-        ceiling = measure(args.model, [CORPUS[i % len(CORPUS)] for i in range(576)])
+        ceiling = measure(args.model, [CORPUS[i % len(CORPUS)] for i in range(576)], processes=args.children)
     steps: list[Step] = []
     for level in levels:
         print(f"platform  c={level:>3} for {args.seconds:.0f} s ...", flush=True)
@@ -388,9 +398,14 @@ def main() -> None:
     if ceiling:
         report += [
             "Model ceiling in-process (1 process, 1 torch thread): single request P50 "
-            f"{ceiling.single_p50_ms:.1f} ms (mean {ceiling.single_mean_ms:.1f} ms); texts/s by batch size, "
+            f"{ceiling.single_p50_ms:.1f} ms, P99 {ceiling.single_p99_ms:.1f} ms (mean {ceiling.single_mean_ms:.1f} ms); "
+            "texts/s by batch size, "
             "arrival order / length-sorted: "
-            + ", ".join(f"{b}: {a:.1f} / {s:.1f}" for b, (a, s) in ceiling.per_batch_size.items()),
+            + ", ".join(f"{b}: {a:.1f} / {s:.1f}" for b, (a, s) in ceiling.per_batch_size.items())
+            + "".join(
+                f"; {n} processes at once, length-sorted at the best batch size: {rate:.1f} texts/s"
+                for n, rate in ceiling.parallel.items()
+            ),
             "",
         ]
     for name, figures in scenarios.items():
