@@ -1,8 +1,9 @@
 """What the web tier records about each online request: outcome and stage metrics, and the slow-request log.
 
-Both are written after the answer is ready, in a background task, so a slow Redis or database never
-delays an answer; the slow log is rate-limited per process, so a jam (when every request is slow)
-does not add a database write per request to the overload.
+Neither delays an answer. Metrics are summed in the process and written by a background task every
+FLUSH_S (so Redis work does not grow with the request rate); the slow log is written in the
+background and rate-limited per process, so a jam (when every request is slow) does not add a
+database write per request to the overload.
 """
 
 from __future__ import annotations
@@ -42,13 +43,39 @@ def _slow_row_allowed() -> bool:
     return _slow_logged_this_second <= settings.SLOW_REQUEST_LOG_MAX_PER_S
 
 
-async def _record(model: str, outcome: str, timing: dict[str, Any], slow: dict[str, Any] | None) -> None:
+FLUSH_S = 0.25
+# One accumulator and one flusher per event loop (uvicorn runs one loop per process; tests may run more).
+_accumulators: dict[int, metrics.Accumulator] = {}
+
+
+async def _flush_forever(accumulator: metrics.Accumulator) -> None:
+    while True:
+        await asyncio.sleep(FLUSH_S)
+        try:
+            await accumulator.aflush(get_async_redis())
+        except Exception:  # observability must never break serving; the sums wait for the next flush
+            logger.exception("writing request metrics failed")
+
+
+def _accumulator() -> metrics.Accumulator:
+    loop = asyncio.get_running_loop()
+    accumulator = _accumulators.get(id(loop))
+    if accumulator is None:
+        accumulator = _accumulators[id(loop)] = metrics.Accumulator()
+        _keep(loop.create_task(_flush_forever(accumulator)))
+    return accumulator
+
+
+def _keep(task: asyncio.Task) -> None:
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+async def _log_slow(slow: dict[str, Any]) -> None:
     try:
-        await metrics.arecord(get_async_redis(), metrics.request_fields(model, outcome, timing))
-        if slow is not None:
-            await run_db(SlowRequest.objects.create, **slow)
-    except Exception:  # observability must never break serving
-        logger.exception("recording request metrics failed")
+        await run_db(SlowRequest.objects.create, **slow)
+    except Exception:
+        logger.exception("writing the slow-request log failed")
 
 
 def observe(
@@ -61,7 +88,7 @@ def observe(
     texts: list[str],
     worker: str = "",
 ) -> None:
-    """Schedule the recording of one finished online request."""
+    """Record one finished online request (metrics now, in memory; the slow log in the background)."""
     total_ms = timing.get("total_ms", 0.0)
     slow = None
     if (total_ms >= settings.SLOW_REQUEST_MS or status == 504) and model != "-" and _slow_row_allowed():
@@ -76,6 +103,6 @@ def observe(
             "batch_size": timing.get("batch_size"),
             **{f"{stage}_ms": timing.get(f"{stage}_ms") for stage in metrics.STAGES if stage != "total"},
         }
-    task = asyncio.get_running_loop().create_task(_record(model, outcome_label(status, code), timing, slow))
-    _background.add(task)
-    task.add_done_callback(_background.discard)
+    _accumulator().add(metrics.request_fields(model, outcome_label(status, code), timing))
+    if slow is not None:
+        _keep(asyncio.get_running_loop().create_task(_log_slow(slow)))

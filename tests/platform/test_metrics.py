@@ -62,3 +62,28 @@ def test_prometheus_text_has_counters_cumulative_histograms_and_gauges():
     assert 'platform_queue_depth{queue="online",state="waiting"} 3' in text
     assert 'platform_worker_processes{queue="online"} 2' in text
     assert "# TYPE inference_stage_latency_seconds histogram" in text
+
+
+def test_accumulator_sums_per_second_and_writes_both_hashes_in_one_flush(redis_url, redis_client):
+    import asyncio
+
+    import redis.asyncio as aredis
+
+    accumulator = metrics.Accumulator()
+    second = 1_700_000_000
+    accumulator.add({"req|acc|ok": 1, "latsum|acc|total": 0.25}, now=second + 0.1)
+    accumulator.add({"req|acc|ok": 1, "latsum|acc|total": 0.5}, now=second + 0.9)
+    accumulator.add({"req|acc|503_deadline": 1}, now=second + 1.2)
+    before = float(redis_client.hget(metrics.TOTAL_KEY, "req|acc|ok") or 0)
+
+    async def flush() -> None:
+        client = aredis.Redis.from_url(redis_url)
+        await accumulator.aflush(client)
+        await client.aclose()
+
+    asyncio.run(flush())
+    assert not accumulator
+    first = redis_client.hgetall(metrics.second_key(second))
+    assert first["req|acc|ok"] == "2" and float(first["latsum|acc|total"]) == pytest.approx(0.75)
+    assert redis_client.hget(metrics.second_key(second + 1), "req|acc|503_deadline") == "1"
+    assert float(redis_client.hget(metrics.TOTAL_KEY, "req|acc|ok")) == before + 2
