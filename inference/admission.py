@@ -86,8 +86,12 @@ class Admission:
         rate_window_s: int,
         cache_s: float = 0.5,
         headroom: float = 1.0,
+        refusal_hold_s: float = 0.0,
     ) -> None:
         self.client = client
+        # After a refusal, the same answer is given for this long without asking Redis (see held_refusal).
+        self.refusal_hold_s = refusal_hold_s
+        self._held: dict[str, tuple[float, Decision]] = {}
         # The share of a request's remaining time the queue ahead may take: the rest is for its own
         # inference, and for the drain rate to be lower than measured (as it is under overload).
         self.headroom = headroom
@@ -118,6 +122,24 @@ class Admission:
         self._capacity[model] = (now, children, rate)
         return children, rate
 
+    def held_refusal(self, model: str, deadline_ms: float) -> Decision | None:
+        """This process's last refusal for `model`, if it is recent and would apply to this request too.
+
+        No I/O: under overload most requests are refused, and asking Redis each time cost the web
+        tier CPU that the workers needed. Safe for goodput: a refusal means the queue held at least
+        `headroom` x deadline of work, far more than the hold; a backlog_full refusal applies to any
+        request; a deadline refusal to a request whose deadline the same rule, on the same figures
+        (queue ahead, drain rate), would refuse.
+        """
+        held = self._held.get(model)
+        if held is None or time.monotonic() >= held[0]:
+            return None
+        decision = held[1]
+        if decision.reason == "backlog_full":
+            return decision
+        wait_s = decision.predicted_wait_s
+        return decision if wait_s is not None and wait_s > self.headroom * deadline_ms / 1000 else None
+
     async def admit(self, spec: ModelSpec, request_id: str, deadline: float) -> Decision:
         children, rate = await self.capacity(spec.name)
         if children == 0:
@@ -131,10 +153,14 @@ class Admission:
             args=[now, request_id, deadline, spec.max_backlog, rate or 0, remaining_s],
         )
         if code == 1:
+            self._held.pop(spec.name, None)
             return Decision(True, None, int(ahead), spec.max_backlog, rate)
         reason = "backlog_full" if code == 0 else "deadline"
         retry = retry_after_s(reason, int(ahead), spec.max_backlog, rate, remaining_s)
-        return Decision(False, reason, int(ahead), spec.max_backlog, rate, retry_after_s=retry)
+        decision = Decision(False, reason, int(ahead), spec.max_backlog, rate, retry_after_s=retry)
+        if self.refusal_hold_s > 0:
+            self._held[spec.name] = (time.monotonic() + self.refusal_hold_s, decision)
+        return decision
 
     async def release(self, model: str, request_id: str) -> None:
         await self.client.zrem(backlog_key(model), request_id)

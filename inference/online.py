@@ -58,6 +58,7 @@ def get_admission() -> Admission:
             heartbeat_s=settings.WORKER_HEARTBEAT_S,
             rate_window_s=settings.ONLINE_RATE_WINDOW_S,
             headroom=settings.ONLINE_ADMISSION_HEADROOM,
+            refusal_hold_s=settings.ONLINE_REFUSAL_HOLD_MS / 1000,
         )
         _admissions[loop_id] = admission
     return admission

@@ -27,7 +27,7 @@ django_application = get_asgi_application()
 
 from django.conf import settings  # noqa: E402  (after the app, which configures settings)
 
-from inference.api.views import predict_view  # noqa: E402
+from inference.api.views import early_refusal, predict_view  # noqa: E402
 
 logger = logging.getLogger("django.request")
 
@@ -40,12 +40,23 @@ _PREDICT_PATH = re.compile(r"^/api/v1/models/(?P<name>[^/]+)/predict$")
 
 
 class LeanView:
-    """Serves one async Django view from ASGI with no handler, middleware, signals or threads around it."""
+    """Serves one async Django view from ASGI with no handler, middleware, signals or threads around it.
 
-    def __init__(self, view, max_body_bytes: int) -> None:
-        self.view, self.max_body_bytes = view, max_body_bytes
+    `early(headers, **view_kwargs)` may answer from the headers alone; the body is then read and dropped.
+    """
+
+    def __init__(self, view, max_body_bytes: int, early=None) -> None:
+        self.view, self.max_body_bytes, self.early = view, max_body_bytes, early
 
     async def __call__(self, scope, receive, send, **view_kwargs) -> None:
+        if self.early is not None:
+            headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+            response = self.early(headers, **view_kwargs)
+            if response is not None:
+                while (message := await receive())["type"] == "http.request" and message.get("more_body"):
+                    pass
+                await _send(send, response)
+                return
         body = bytearray()
         while True:
             message = await receive()
@@ -82,7 +93,7 @@ def _too_large_response(length: int, limit: int) -> HttpResponse:
     return response
 
 
-predict_application = LeanView(predict_view, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+predict_application = LeanView(predict_view, settings.DATA_UPLOAD_MAX_MEMORY_SIZE, early=early_refusal)
 
 
 def _content_length(scope) -> int:

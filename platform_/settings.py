@@ -192,6 +192,11 @@ ONLINE_MAX_BACKLOG = env.int("ONLINE_MAX_BACKLOG", default=256)
 # Measured at 3x overload on 2 cores (docs/benchmarks.md): 1.0 let 30% of admitted requests miss a
 # 2 s deadline, 0.5 under 1%, 0.35 none to 1 in 1,500, with no refusals at 40 closed-loop clients.
 ONLINE_ADMISSION_HEADROOM = env.float("ONLINE_ADMISSION_HEADROOM", default=0.35)
+# ONLINE_REFUSAL_HOLD_MS: after refusing a model's request, a web process refuses the model's next
+# requests (no more patient than that one) for this long without reading their body or asking Redis.
+# Short against the queue that a refusal implies (headroom x deadline of work), so it cannot starve
+# the workers; it makes a refusal under overload about 5x cheaper (docs/benchmarks.md). 0: off.
+ONLINE_REFUSAL_HOLD_MS = env.float("ONLINE_REFUSAL_HOLD_MS", default=50.0)
 # ONLINE_BATCH_WAIT_MS: how long a free worker child waits for company before it takes a lone request.
 # Batches form anyway while children are busy (see inference/batching.py); on a CPU a wait only adds
 # latency, so 0. On a GPU, where a batch of 8 costs about what 1 does, 2 to 5 ms pays.

@@ -19,6 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from inference import online
+from inference.admission import Decision
 from inference.api.auth import authenticate
 from inference.observe import observe
 from inference.registry import get_registry
@@ -57,16 +58,7 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
     try:
         result = await online.predict(spec, texts, deadline_ms, request_id, started_at)
     except online.Refused as refused:
-        d = refused.decision
-        raise ApiError(
-            503,
-            d.reason or "refused",
-            d.message(name),
-            headers={"Retry-After": str(d.retry_after_s)},
-            backlog=d.backlog,
-            limit=d.limit,
-            timing={"admission_ms": round(refused.admission_ms, 3)},
-        ) from None
+        raise _refusal(name, refused.decision, refused.admission_ms) from None
     except online.DeadlineExceeded as exc:
         raise ApiError(
             504,
@@ -85,6 +77,53 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
         {"model": name, "outputs": result.outputs, "timing": result.timing, "worker": result.worker}
     )
     response["Server-Timing"] = server_timing(result.timing)
+    return response
+
+
+def _refusal(name: str, decision: Decision, admission_ms: float) -> ApiError:
+    return ApiError(
+        503,
+        decision.reason or "refused",
+        decision.message(name),
+        headers={"Retry-After": str(decision.retry_after_s)},
+        backlog=decision.backlog,
+        limit=decision.limit,
+        timing={"admission_ms": round(admission_ms, 3)},
+    )
+
+
+def early_refusal(request_headers: dict[str, str], name: str) -> JsonResponse | None:
+    """503 for a predict call before its body is read or its caller authenticated, when this web
+    process has just refused the same model for a request no more patient (Admission.held_refusal).
+
+    Under overload most calls end here, at a fraction of a full refusal's CPU. A caller with a bad
+    token or body gets the 503 (with Retry-After) now and its 401 or 400 when it comes back.
+    """
+    started_at = time.time()
+    if get_registry().get(name) is None:
+        return None
+    try:
+        deadline_ms = parse_deadline_ms(request_headers.get("x-deadline-ms"), settings.ONLINE_DEADLINE_MS)
+    except ApiError:
+        return None  # the full path explains the bad header
+    decision = online.get_admission().held_refusal(name, deadline_ms)
+    if decision is None:
+        return None
+    error = _refusal(name, decision, 0.0)
+    request_id = request_headers.get("x-request-id", "")
+    request_id = request_id if _REQUEST_ID.match(request_id) else uuid.uuid4().hex
+    timing = {"admission_ms": 0.0, "total_ms": (time.time() - started_at) * 1000}
+    observe(model=name, status=503, code=error.code, timing=timing, request_id=request_id, texts=[])
+    response = error.response()
+    response["Server-Timing"] = server_timing(timing)
+    return _finish(response, request_id)
+
+
+def _finish(response: JsonResponse, request_id: str) -> JsonResponse:
+    response["X-Request-ID"] = request_id
+    response["X-Content-Type-Options"] = "nosniff"  # SecurityMiddleware's header; predict skips middleware
+    # CommonMiddleware's header: without it the server frames the small body as chunked.
+    response["Content-Length"] = str(len(response.content))
     return response
 
 
@@ -110,11 +149,7 @@ async def predict_view(request: Any, name: str) -> JsonResponse:
         texts=seen["texts"],
         worker=seen["worker"],
     )
-    response["X-Request-ID"] = request_id
-    response["X-Content-Type-Options"] = "nosniff"  # SecurityMiddleware's header; predict skips middleware
-    # CommonMiddleware's header: without it the server frames the small body as chunked.
-    response["Content-Length"] = str(len(response.content))
-    return response
+    return _finish(response, request_id)
 
 
 def _serving_workers() -> list[dict[str, Any]]:

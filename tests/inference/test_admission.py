@@ -137,3 +137,25 @@ def test_headroom_keeps_part_of_the_deadline_for_the_request_itself(redis_url, m
     assert run(scenario(1.0)).admitted
     refused = run(scenario(0.5))
     assert not refused.admitted and refused.reason == "deadline"
+
+
+def test_a_refusal_is_held_briefly_for_requests_it_would_refuse_too(redis_url, model_name):
+    async def scenario():
+        client, _ = await _admission(redis_url, model_name, children=1, done=10, busy_s=1.0)  # 10/s
+        admission = Admission(client, heartbeat_s=2.0, rate_window_s=10, cache_s=0, refusal_hold_s=0.3)
+        spec = ModelSpec(name=model_name, task="embedding", path="x", max_backlog=100)
+        for i in range(10):  # 10 ahead at 10/s: a 1 s wait
+            await admission.admit(spec, f"ahead{i}", time.time() + 60)
+        assert admission.held_refusal(model_name, deadline_ms=500) is None  # nothing refused yet
+        refused = await admission.admit(spec, "hurry", time.time() + 0.5)
+        held = {ms: admission.held_refusal(model_name, deadline_ms=ms) for ms in (200, 500, 5000)}
+        await asyncio.sleep(0.35)
+        after_hold = admission.held_refusal(model_name, deadline_ms=200)
+        await client.aclose()
+        return refused, held, after_hold
+
+    refused, held, after_hold = run(scenario())
+    assert not refused.admitted and refused.reason == "deadline"
+    assert held[200] is refused and held[500] is refused, "no more patient than the refused request: refused"
+    assert held[5000] is None, "a 5 s deadline fits a 1 s queue: it must go to the full check"
+    assert after_hold is None, "the hold expires"
