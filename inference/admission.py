@@ -33,8 +33,16 @@ return {1, ahead}
 """
 
 
+LAST_RATE_TTL_S = 24 * 3600
+
+
 def backlog_key(model: str) -> str:
     return f"inference:backlog:{model}"
+
+
+def last_rate_key(model: str) -> str:
+    """Requests per busy child-second last measured for `model`: the estimate after an idle spell."""
+    return f"inference:rate:last:{model}"
 
 
 @dataclass(frozen=True)
@@ -109,16 +117,23 @@ class Admission:
             return cached[1], cached[2]
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(WORKERS_KEY)
+        pipe.get(last_rate_key(model))
         second = int(now)
         for offset in range(self.rate_window_s):
             pipe.hgetall(rate_key(model, second - offset))
-        workers_raw, *buckets = await pipe.execute()
+        workers_raw, last_per_child, *buckets = await pipe.execute()
         children = sum(
             1
             for w in alive_workers(workers_raw, self.heartbeat_s, now)
             if w["queue"] == "online" and model in w["models"]
         )
         rate = drain_rate_per_s(buckets, children)
+        if rate is not None:
+            await self.client.set(last_rate_key(model), rate / children, ex=LAST_RATE_TTL_S)
+        elif last_per_child and children:
+            # Idle for the whole window: the last measured rate, not "unknown". Unknown would admit up
+            # to max_backlog at once, and a burst after a quiet spell would queue past its deadline.
+            rate = float(last_per_child) * children
         self._capacity[model] = (now, children, rate)
         return children, rate
 

@@ -159,3 +159,18 @@ def test_a_refusal_is_held_briefly_for_requests_it_would_refuse_too(redis_url, m
     assert held[200] is refused and held[500] is refused, "no more patient than the refused request: refused"
     assert held[5000] is None, "a 5 s deadline fits a 1 s queue: it must go to the full check"
     assert after_hold is None, "the hold expires"
+
+
+def test_after_an_idle_window_the_last_measured_rate_is_used(redis_url, model_name):
+    async def scenario():
+        client, admission = await _admission(redis_url, model_name, children=2, done=10, busy_s=1.0)
+        measured = await admission.capacity(model_name)
+        now = int(time.time())
+        await client.delete(*(rate_key(model_name, now - s) for s in range(3)))  # the window empties: idle
+        after_idle = await admission.capacity(model_name)
+        await client.aclose()
+        return measured, after_idle
+
+    measured, after_idle = run(scenario())
+    assert measured == (2, pytest.approx(20.0))
+    assert after_idle == (2, pytest.approx(20.0)), "a quiet spell must not turn the drain rate into 'unknown'"
