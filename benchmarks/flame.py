@@ -1,6 +1,6 @@
 """Summarise py-spy's collapsed stacks (`py-spy record -f raw`): share of samples per function, inclusive.
 
-    python -m benchmarks.flame benchmarks/out/profile-web.txt [--top 30]
+python -m benchmarks.flame benchmarks/out/profile-web.txt [--top 30]
 """
 
 from __future__ import annotations

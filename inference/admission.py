@@ -40,6 +40,15 @@ def backlog_key(model: str) -> str:
     return f"inference:backlog:{model}"
 
 
+def online_in_flight(client, models: list[str]) -> int:
+    """Online requests admitted and not yet answered, over `models` (sync: for worker children)."""
+    now = time.time()
+    pipe = client.pipeline(transaction=False)
+    for model in models:
+        pipe.zcount(backlog_key(model), now, "+inf")  # entries past their deadline are gone callers
+    return sum(pipe.execute())
+
+
 def last_rate_key(model: str) -> str:
     """Requests per busy child-second last measured for `model`: the estimate after an idle spell."""
     return f"inference:rate:last:{model}"

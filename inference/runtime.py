@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -58,11 +59,16 @@ def spec(model: str) -> ModelSpec:
 
 
 def run(
-    model: str, texts: list[str], on_pass: Callable[[list[int], list[Any], list[Any]], None] | None = None
+    model: str,
+    texts: list[str],
+    on_pass: Callable[[list[int], list[Any], list[Any]], None] | None = None,
+    before_pass: Callable[[], int | None] | None = None,
 ) -> tuple[list[dict[str, Any]], list[Pass]]:
     """Outputs in input order, and for each text the forward pass it ran in.
 
-    `on_pass(indices, outputs, passes)` is called after each pass, so callers can answer early.
+    `on_pass(indices, outputs, passes)` is called after each pass, so callers can answer early;
+    `before_pass()` before each one, and may return the most texts the next pass may hold (the
+    offline path waits there while online work runs, and keeps its passes short beside it).
 
     Texts are tokenized once, sorted by length and cut into passes by the model's padded-token
     budget: on a CPU a pass costs what its padded tokens cost, so similar lengths go together.
@@ -73,7 +79,13 @@ def run(
     outputs: list[dict[str, Any] | None] = [None] * len(texts)
     passes: list[Pass | None] = [None] * len(texts)
     lengths = [len(row) for row in ids]
-    for group in plan_batches(lengths, spec.max_batch_size, spec.max_batch_tokens, spec.max_padding_fraction):
+    planned = deque(plan_batches(lengths, spec.max_batch_size, spec.max_batch_tokens, spec.max_padding_fraction))
+    while planned:
+        group = planned.popleft()
+        limit = before_pass() if before_pass else None
+        if limit and len(group) > limit:  # sorted by length, so each part is still of similar lengths
+            planned.appendleft(group[limit:])
+            group = group[:limit]
         start = time.time()
         results = handler.forward([ids[i] for i in group])
         if len(results) != len(group):

@@ -240,6 +240,13 @@ JOBS_DISPATCH_ROWS = env.int("JOBS_DISPATCH_ROWS", default=1_024)
 JOBS_STALL_S = env.float("JOBS_STALL_S", default=120.0)
 # JOBS_RECONCILE_S: how often the offline worker runs the reconciler.
 JOBS_RECONCILE_S = env.float("JOBS_RECONCILE_S", default=30.0)
+# JOBS_YIELD_MAX_MS: before each forward pass an offline child waits while online requests are in
+# flight, at most this long (so a job still moves under constant online traffic). 0: never wait.
+JOBS_YIELD_MAX_MS = env.float("JOBS_YIELD_MAX_MS", default=250.0)
+# JOBS_PASS_TEXTS_BESIDE_ONLINE: most texts in an offline pass while online traffic runs (seen in the
+# last second), so an offline pass is short next to online ones; without online traffic passes are
+# as large as the model's limits allow.
+JOBS_PASS_TEXTS_BESIDE_ONLINE = env.int("JOBS_PASS_TEXTS_BESIDE_ONLINE", default=4)
 # JOBS_LOW_CONFIDENCE: rows whose top score is below this are flagged for review.
 JOBS_LOW_CONFIDENCE = env.float("JOBS_LOW_CONFIDENCE", default=0.5)
 # JOBS_RESULTS_PAGE_SIZE: rows per page of GET /api/v1/jobs/<id>/results.
