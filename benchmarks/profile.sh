@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Flame graphs of the running stack under load: one web process, the online worker's main process and
 # one online child, recorded at once with py-spy while N closed-loop clients run (default 40, 20 s).
-#   benchmarks/profile.sh [clients] [seconds]      (needs `pip install py-spy` and ptrace rights)
+#   benchmarks/profile.sh [clients] [seconds]      (py-spy comes with requirements-dev.txt; needs ptrace rights)
 # Writes benchmarks/out/profile-{web,online-main,online-child}.svg and .txt (collapsed stacks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,8 +13,12 @@ PY=${PYTHON:-.venv/bin/python}
 SPY=${PY_SPY:-$(dirname "$PY")/py-spy}
 uvicorn_parent=$(pgrep -f "bin/uvicorn platform_.asgi" | head -1)
 web=$(pgrep -P "$uvicorn_parent" -f "multiprocessing.spawn" | head -1)
-online_main=$(pgrep -f "celery -A platform_ worker -Q online" | while read -r pid; do
-  [ "$(ps -o comm= -p "$(ps -o ppid= -p "$pid" | tr -d ' ')")" != "celery" ] && echo "$pid"; done | head -1)
+online_pids=$(pgrep -f "bin/celery -A platform_ worker -Q online")
+# The main process is the one whose parent is not itself an online worker process.
+online_main=$(for pid in $online_pids; do
+  ppid=$(ps -o ppid= -p "$pid" | tr -d ' ')
+  echo "$online_pids" | grep -qx "$ppid" || echo "$pid"
+done | head -1)
 online_child=$(pgrep -P "$online_main" | head -1)
 "$PY" -m benchmarks.smoke --clients "$CLIENTS" --seconds "$SECONDS_" > "$OUT/profile-load.txt" &
 load=$!
