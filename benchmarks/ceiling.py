@@ -110,9 +110,12 @@ def parallel_sorted_rate(model: str, texts: list[str], processes: int, batch_siz
     ]
     for proc in procs:
         proc.start()
-    ready.wait()
-    go.wait()
-    total = sum(results.get(timeout=600) for _ in procs)
-    for proc in procs:
-        proc.join()
-    return total
+    try:
+        ready.wait(timeout=600)  # a process that died loading breaks the barrier instead of hanging
+        go.wait(timeout=60)
+        return sum(results.get(timeout=600) for _ in procs)
+    finally:
+        for proc in procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.terminate()

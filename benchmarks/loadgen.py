@@ -101,7 +101,10 @@ class _Http:
             self.idle.append(conn)
         batch = 0
         if status == 200:
-            batch = (json.loads(payload).get("timing") or {}).get("batch_size", 0)
+            try:
+                batch = (json.loads(payload).get("timing") or {}).get("batch_size", 0)
+            except (ValueError, AttributeError):
+                batch = 0  # answered, but not with the platform's body (the naive server's has no timing)
         return Result(status, latency, batch, headers.get("retry-after"))
 
     @staticmethod

@@ -150,8 +150,8 @@ class Admission:
         """This process's last refusal for `model`, if it is recent and would apply to this request too.
 
         No I/O: under overload most requests are refused, and asking Redis each time cost the web
-        tier CPU that the workers needed. Safe for goodput: a refusal means the queue held at least
-        `headroom` x deadline of work, far more than the hold; a backlog_full refusal applies to any
+        tier CPU that the workers needed. Safe for goodput: the hold is never longer than the work the
+        refused request saw queued ahead of it (see admit); a backlog_full refusal applies to any
         request; a deadline refusal to a request whose deadline the same rule, on the same figures
         (queue ahead, drain rate), would refuse.
         """
@@ -183,7 +183,11 @@ class Admission:
         retry = retry_after_s(reason, int(ahead), spec.max_backlog, rate, remaining_s)
         decision = Decision(False, reason, int(ahead), spec.max_backlog, rate, retry_after_s=retry)
         if self.refusal_hold_s > 0:
-            self._held[spec.name] = (time.monotonic() + self.refusal_hold_s, decision)
+            # The queue that caused a deadline refusal holds more than `remaining_s` of work, so a hold
+            # no longer than that cannot let the workers run dry (short deadlines get short holds).
+            hold_s = min(self.refusal_hold_s, remaining_s) if reason == "deadline" else self.refusal_hold_s
+            if hold_s > 0:
+                self._held[spec.name] = (time.monotonic() + hold_s, decision)
         return decision
 
     async def release(self, model: str, request_id: str) -> None:

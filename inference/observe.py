@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import weakref
 from typing import Any
 
 from django.conf import settings
@@ -45,23 +46,27 @@ def _slow_row_allowed() -> bool:
 
 FLUSH_S = 0.25
 # One accumulator and one flusher per event loop (uvicorn runs one loop per process; tests may run more).
-_accumulators: dict[int, metrics.Accumulator] = {}
+_accumulators: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 async def _flush_forever(accumulator: metrics.Accumulator) -> None:
+    failing = False
     while True:
         await asyncio.sleep(FLUSH_S)
         try:
             await accumulator.aflush(get_async_redis())
-        except Exception:  # observability must never break serving; the sums wait for the next flush
-            logger.exception("writing request metrics failed")
+            failing = False
+        except Exception:  # observability must never break serving; log once per outage
+            if not failing:
+                logger.exception("writing request metrics failed; their sums are dropped until Redis answers")
+            failing = True
 
 
 def _accumulator() -> metrics.Accumulator:
     loop = asyncio.get_running_loop()
-    accumulator = _accumulators.get(id(loop))
+    accumulator = _accumulators.get(loop)
     if accumulator is None:
-        accumulator = _accumulators[id(loop)] = metrics.Accumulator()
+        accumulator = _accumulators[loop] = metrics.Accumulator()
         _keep(loop.create_task(_flush_forever(accumulator)))
     return accumulator
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from inference.replies import wait_reply
 from inference.tasks import predict_online
 from platform_.redis import get_async_redis
 
-_admissions: dict[int, Admission] = {}
+_admissions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # one per event loop
 
 
 class Refused(Exception):
@@ -50,8 +51,8 @@ class Prediction:
 
 
 def get_admission() -> Admission:
-    loop_id = id(asyncio.get_running_loop())
-    admission = _admissions.get(loop_id)
+    loop = asyncio.get_running_loop()
+    admission = _admissions.get(loop)
     if admission is None:
         admission = Admission(
             get_async_redis(),
@@ -60,7 +61,7 @@ def get_admission() -> Admission:
             headroom=settings.ONLINE_ADMISSION_HEADROOM,
             refusal_hold_s=settings.ONLINE_REFUSAL_HOLD_MS / 1000,
         )
-        _admissions[loop_id] = admission
+        _admissions[loop] = admission
     return admission
 
 

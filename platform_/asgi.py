@@ -6,13 +6,15 @@ the request_started / request_finished signals and one to close the response, pl
 per classic middleware. Profiled under overload (py-spy, docs/benchmarks.md), creating and joining
 those threads was about a third of a web process's CPU. The predict view does for itself the little
 the middleware did (authentication from a token or a session, nosniff and Content-Length headers),
-and its rare database calls go through `inference.api.auth.db_call`, which opens and closes
+and its rare database calls go through `platform_.db.run_db`, which opens and closes
 connections as a request would. Everything else (admin, docs, the rest of the API) goes through the
 full stack.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import io
 import logging
 import os
@@ -42,20 +44,18 @@ _PREDICT_PATH = re.compile(r"^/api/v1/models/(?P<name>[^/]+)/predict$")
 class LeanView:
     """Serves one async Django view from ASGI with no handler, middleware, signals or threads around it.
 
-    `early(headers, **view_kwargs)` may answer from the headers alone; the body is then read and dropped.
+    `early(headers, **view_kwargs)` may answer a POST from its headers alone, before its body is read.
     """
 
     def __init__(self, view, max_body_bytes: int, early=None) -> None:
         self.view, self.max_body_bytes, self.early = view, max_body_bytes, early
 
     async def __call__(self, scope, receive, send, **view_kwargs) -> None:
-        if self.early is not None:
+        if self.early is not None and scope["method"] == "POST":
             headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
             response = self.early(headers, **view_kwargs)
             if response is not None:
-                while (message := await receive())["type"] == "http.request" and message.get("more_body"):
-                    pass
-                await _send(send, response)
+                await _send(send, response)  # the server discards the unread body
                 return
         body = bytearray()
         while True:
@@ -69,8 +69,19 @@ class LeanView:
             if not message.get("more_body"):
                 break
         request = ASGIRequest(scope, io.BytesIO(bytes(body)))
+        # As Django's handler does: a caller that hangs up cancels its view, so it stops holding an
+        # admission slot (the view releases it on the way out) and nobody waits on its answer.
+        view = asyncio.ensure_future(self.view(request, **view_kwargs))
+        disconnect = asyncio.ensure_future(receive())
+        await asyncio.wait({view, disconnect}, return_when=asyncio.FIRST_COMPLETED)
+        if not view.done():
+            view.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await view
+            return
+        disconnect.cancel()
         try:
-            response = await self.view(request, **view_kwargs)
+            response = view.result()
         except Exception:  # what Django's handler would turn into its 500 page, as JSON here
             logger.exception("unhandled error in %s", scope["path"])
             response = JsonResponse({"detail": "internal server error", "code": "server_error"}, status=500)
@@ -78,6 +89,8 @@ class LeanView:
 
 
 async def _send(send, response: HttpResponse) -> None:
+    if not response.has_header("Content-Length"):
+        response["Content-Length"] = str(len(response.content))
     headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in response.items()]
     headers += [(b"set-cookie", c.output(header="").strip().encode("latin-1")) for c in response.cookies.values()]
     await send({"type": "http.response.start", "status": response.status_code, "headers": headers})

@@ -12,7 +12,7 @@ T = TypeVar("T")
 
 
 async def run_db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run sync ORM work in asgiref's one shared sync thread, closing stale connections before and after.
+    """Run sync ORM work in a worker thread, closing stale connections before and after.
 
     Django's handler does that closing through the request_started / request_finished signals; a
     path that skips the handler must do it itself, or a connection broken by a database restart
@@ -26,4 +26,6 @@ async def run_db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         finally:
             close_old_connections()
 
-    return await sync_to_async(call, thread_sensitive=True)()
+    # Not thread-sensitive: asgiref's one shared thread would queue every call of the process behind
+    # the slowest (a slow-log insert waiting on an offline writer would hold up authentication).
+    return await sync_to_async(call, thread_sensitive=False)()

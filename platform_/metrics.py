@@ -108,19 +108,18 @@ class Accumulator:
         return bool(self._by_second)
 
     async def aflush(self, client) -> None:
-        """Write what was summed (each second into its own hash) and start again; sums are kept on failure."""
+        """Write what was summed (each second into its own hash) and start again.
+
+        On a failure the sums are dropped, not retried: part of the pipeline may have been applied,
+        and counting twice would be worse than a gap in the metrics.
+        """
         if not self._by_second:
             return
         pending, self._by_second = self._by_second, {}
         pipe = client.pipeline(transaction=False)
         for second, sums in pending.items():
             write_pipeline(pipe, sums, now=second)
-        try:
-            await pipe.execute()
-        except Exception:
-            for second, sums in pending.items():
-                self.add(sums, now=second)
-            raise
+        await pipe.execute()
 
 
 # ---------------------------------------------------------------------------------------------
