@@ -4,7 +4,8 @@
 
 Needs a running stack (`make run`). Starts the naive baseline itself (benchmarks/naive_server.py).
 For each concurrency step: P50/P95/P99/mean, QPS, errors, 503, 504, CPU of the web and worker
-processes, the load generator's own CPU, mean batch size and queue depth (from the platform's metrics).
+processes, the load generator's own CPU, GPU use where nvidia-smi answers, mean batch size and queue depth
+(from the platform's metrics).
 Writes benchmarks/out/sweep.md, sweep.csv and sweep.png; prints the targets met or missed as ratios.
 """
 
@@ -15,9 +16,11 @@ import csv
 import io
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -52,6 +55,45 @@ class Step:
     generator_cpu_pct: float
     mean_batch: float | None
     mean_queue_depth: float | None
+    gpu_util_pct: float | None = None  # mean over the step; None where nvidia-smi does not answer
+
+
+class GpuSampler:
+    """Samples GPU utilisation with nvidia-smi twice a second while a step runs (nothing without a GPU)."""
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.interval_s, self.samples = interval_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.available = shutil.which("nvidia-smi") is not None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                out = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                    capture_output=True,
+                    text=True,
+                    timeout=5,
+                ).stdout.split()
+                values = [float(v) for v in out]
+            except (OSError, ValueError, subprocess.SubprocessError):
+                return
+            if values:
+                self.samples.append(sum(values) / len(values))
+
+    def __enter__(self) -> GpuSampler:
+        if self.available:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self.available:
+            self._thread.join(timeout=10)
+
+    def mean(self) -> float | None:
+        return round(sum(self.samples) / len(self.samples)) if self.samples else None
 
 
 def processes(pattern: list[str]) -> list[psutil.Process]:
@@ -108,7 +150,8 @@ def queue_depth(client: redis.Redis | None, seconds: int) -> float | None:
 
 def run_step(system, url, headers, concurrency, seconds, server_procs, worker_procs, client, seed) -> Step:
     server_before, worker_before = cpu_seconds(server_procs), cpu_seconds(worker_procs)
-    run = closed_loop(url, headers, concurrency, seconds, seed=seed)
+    with GpuSampler() as gpu:
+        run = closed_loop(url, headers, concurrency, seconds, seed=seed)
     server_cpu = (cpu_seconds(server_procs) - server_before) / run.wall_s * 100
     worker_cpu = (cpu_seconds(worker_procs) - worker_before) / run.wall_s * 100
     return Step(
@@ -128,6 +171,7 @@ def run_step(system, url, headers, concurrency, seconds, server_procs, worker_pr
         generator_cpu_pct=round(run.client_cpu_pct),
         mean_batch=run.mean_batch(),
         mean_queue_depth=queue_depth(client, int(seconds)),
+        gpu_util_pct=gpu.mean(),
     )
 
 
@@ -161,14 +205,15 @@ def fmt(value, digits=0) -> str:
 
 
 def table(steps: list[Step]) -> str:
-    head = "| system | conc. | QPS | P50 ms | P95 ms | P99 ms | mean ms | err | 503 | 504 | server CPU % | worker CPU % | generator CPU % | mean batch | queue depth |"
-    lines = [head, "|" + "---|" * 15]
+    head = "| system | conc. | QPS | P50 ms | P95 ms | P99 ms | mean ms | err | 503 | 504 | server CPU % | worker CPU % | generator CPU % | GPU % | mean batch | queue depth |"
+    lines = [head, "|" + "---|" * 16]
     for s in steps:
         flag = " (saturated)" if s.generator_cpu_pct >= GENERATOR_SATURATED_PCT else ""
         lines.append(
             f"| {s.system} | {s.concurrency} | {s.qps:.1f} | {fmt(s.p50_ms)} | {fmt(s.p95_ms)} | {fmt(s.p99_ms)} | "
             f"{fmt(s.mean_ms)} | {s.errors} | {s.refused_503} | {s.timeouts_504} | {s.server_cpu_pct} | "
-            f"{s.worker_cpu_pct} | {s.generator_cpu_pct}{flag} | {fmt(s.mean_batch, 2)} | {fmt(s.mean_queue_depth, 1)} |"
+            f"{s.worker_cpu_pct} | {s.generator_cpu_pct}{flag} | {fmt(s.gpu_util_pct)} | {fmt(s.mean_batch, 2)} | "
+            f"{fmt(s.mean_queue_depth, 1)} |"
         )
     return "\n".join(lines)
 

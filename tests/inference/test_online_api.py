@@ -274,3 +274,19 @@ def test_schema_documents_predict_and_docs_need_no_cdn(stack):
     assert "cdn" not in docs.text.lower() and "/static/drf_spectacular_sidecar/" in docs.text
     asset = docs.text.split("/static/drf_spectacular_sidecar/")[1].split('"')[0]
     assert requests.get(f"{stack.url}/static/drf_spectacular_sidecar/{asset}", timeout=10).status_code == 200
+
+
+def test_a_caller_that_hangs_up_frees_its_admission_slot_at_once(stack):
+    """Not at its deadline (10 s here): a gone caller must not hold the backlog that admission counts."""
+    stack.pause_worker()
+    try:
+        with pytest.raises(requests.Timeout):
+            requests.post(
+                f"{stack.url}/api/v1/models/router/predict",
+                json={"inputs": ["nobody will wait for this"]},
+                headers=stack.headers(),
+                timeout=1.0,
+            )
+        wait_until(lambda: stack.redis.zcard("inference:backlog:router") == 0, 3, "the slot released")
+    finally:
+        stack.resume_worker()
