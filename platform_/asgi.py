@@ -5,8 +5,8 @@ handler costs every request a fresh thread pool (its ThreadSensitiveContext), a 
 the request_started / request_finished signals and one to close the response, plus a thread hop
 per classic middleware. Profiled under overload (py-spy, docs/benchmarks.md), creating and joining
 those threads was about a third of a web process's CPU. The predict view does for itself the little
-the middleware did (authentication from a token or a session, nosniff and Content-Length headers),
-and its rare database calls go through `platform_.db.run_db`, which opens and closes
+the middleware did (authentication from a token or a session, the nosniff header), LeanView sets
+Content-Length, and its rare database calls go through `platform_.db.run_db`, which opens and closes
 connections as a request would. Everything else (admin, docs, the rest of the API) goes through the
 full stack.
 """
@@ -89,6 +89,7 @@ class LeanView:
 
 
 async def _send(send, response: HttpResponse) -> None:
+    # CommonMiddleware's header, which this path skips: without it the server frames the body as chunked.
     if not response.has_header("Content-Length"):
         response["Content-Length"] = str(len(response.content))
     headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in response.items()]

@@ -32,10 +32,9 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _STAGES = ("admission", "queue_wait", "batch_wait", "inference", "postprocess", "total")
 
 
-def _request_id(request: Any) -> str:
+def _request_id(given: str | None) -> str:
     """The client's X-Request-ID when it is a sane token, else a new one."""
-    given = request.headers.get("X-Request-ID", "")
-    return given if _REQUEST_ID.match(given) else uuid.uuid4().hex
+    return given if given and _REQUEST_ID.match(given) else uuid.uuid4().hex
 
 
 def server_timing(timing: dict[str, Any]) -> str:
@@ -110,8 +109,7 @@ def early_refusal(request_headers: dict[str, str], name: str) -> JsonResponse | 
     if decision is None:
         return None
     error = _refusal(name, decision, 0.0)
-    request_id = request_headers.get("x-request-id", "")
-    request_id = request_id if _REQUEST_ID.match(request_id) else uuid.uuid4().hex
+    request_id = _request_id(request_headers.get("x-request-id"))
     timing = {"admission_ms": 0.0, "total_ms": (time.time() - started_at) * 1000}
     observe(model=name, status=503, code=error.code, timing=timing, request_id=request_id, texts=[])
     response = error.response()
@@ -122,8 +120,6 @@ def early_refusal(request_headers: dict[str, str], name: str) -> JsonResponse | 
 def _finish(response: JsonResponse, request_id: str) -> JsonResponse:
     response["X-Request-ID"] = request_id
     response["X-Content-Type-Options"] = "nosniff"  # SecurityMiddleware's header; predict skips middleware
-    # CommonMiddleware's header: without it the server frames the small body as chunked.
-    response["Content-Length"] = str(len(response.content))
     return response
 
 
@@ -131,7 +127,7 @@ def _finish(response: JsonResponse, request_id: str) -> JsonResponse:
 async def predict_view(request: Any, name: str) -> JsonResponse:
     """POST /api/v1/models/<name>/predict: documented in the OpenAPI schema by inference/api/schema.py."""
     started_at = time.time()
-    request_id = _request_id(request)
+    request_id = _request_id(request.headers.get("X-Request-ID"))
     seen: dict[str, Any] = {"model": "-", "texts": [], "timing": {}, "worker": ""}
     code = None
     try:
