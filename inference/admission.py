@@ -1,11 +1,21 @@
-"""Admission control: a bounded online backlog, shared by all web processes through Redis.
+"""Admission control: a bounded online backlog priced in tokens, fair between clients, shared through Redis.
 
+Every request is priced by what it will cost the model: its texts' token counts (inference/tokens.py).
 A request is refused at once, before anything is queued, when
-  - no online worker serves its model (`no_worker`),
-  - the model's backlog (queued plus in flight) is at its limit (`backlog_full`), or
-  - the requests ahead of it cannot drain before its deadline at the measured rate (`deadline`).
-The backlog is a sorted set of request ids scored by deadline, so an entry whose caller died
-disappears once its deadline has passed: the count cannot leak.
+  - no online worker serves its model (503 `no_worker`);
+  - it could not finish within its own deadline even on an empty queue (413 `request_too_large`:
+    retrying cannot help; the message says what fits and what to do instead);
+  - the model's backlog is at its limit in requests or tokens (503 `backlog_full`);
+  - its client already holds its share of the backlog (429 `client_backlog_full`), so one client's
+    excess is refused while other clients are still admitted;
+  - it would not be served before its deadline (503 `deadline`). The wait is estimated as the
+    dispatcher serves (inference/dispatch.py: fair queuing by tokens): before this request is done,
+    every other client is served at most as many tokens as this client has waiting, itself included.
+    So a light client is not refused because a heavy one queued a lot.
+The drain rate is tokens per busy child-second times the children alive: it does not collapse after
+a burst of heavy requests, as a rate in requests did. The backlog is a sorted set of request ids
+scored by deadline, so an entry whose caller died disappears once its deadline has passed (with its
+tokens), and the counts cannot leak.
 """
 
 from __future__ import annotations
@@ -17,27 +27,89 @@ from dataclasses import dataclass
 import redis.asyncio as aredis
 
 from inference.registry import ModelSpec
-from inference.workers import WORKERS_KEY, alive_workers, drain_rate_per_s, rate_key
+from inference.workers import DISPATCHERS_KEY, WORKERS_KEY, drain_rate_per_s, rate_key, serving_workers
 
-# Atomic across web processes: drop expired entries, count, check both limits, then add.
-# ARGV: now, request id, deadline, limit, drain rate per s (0 = unknown), remaining seconds.
-_ADMIT_LUA = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-local ahead = redis.call('ZCARD', KEYS[1])
-if ahead >= tonumber(ARGV[4]) then return {0, ahead} end
-local rate = tonumber(ARGV[5])
-if rate > 0 and ahead / rate > tonumber(ARGV[6]) then return {-1, ahead} end
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
-redis.call('EXPIRE', KEYS[1], 3600)
-return {1, ahead}
+# Shared by both scripts: drop the entries of `ids` from the token totals (KEYS[2] id -> "cost:client",
+# KEYS[3] "all" and "c:<client>" -> tokens).
+_FORGET_LUA = """
+local function forget(ids)
+  for _, id in ipairs(ids) do
+    local v = redis.call('HGET', KEYS[2], id)
+    if v then
+      local sep = string.find(v, ':', 1, true)
+      local cost = tonumber(string.sub(v, 1, sep - 1))
+      local field = 'c:' .. string.sub(v, sep + 1)
+      redis.call('HINCRBY', KEYS[3], 'all', -cost)
+      if redis.call('HINCRBY', KEYS[3], field, -cost) <= 0 then redis.call('HDEL', KEYS[3], field) end
+      redis.call('HDEL', KEYS[2], id)
+    end
+  end
+end
 """
 
+# Atomic across web processes: forget expired entries, then check every limit, then add.
+# ARGV: now, id, deadline, max requests, max tokens, cost, client, rate (tokens/s, 0 = unknown),
+#       usable seconds, client limit (tokens).
+# Returns {code, requests ahead, tokens ahead, the client's tokens ahead, tokens served before this one}.
+_ADMIT_LUA = (
+    _FORGET_LUA
+    + """
+local now = tonumber(ARGV[1])
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+if #expired > 0 then
+  forget(expired)
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+end
+local n = redis.call('ZCARD', KEYS[1])
+local cost = tonumber(ARGV[6])
+local mine_field = 'c:' .. ARGV[7]
+local totals = redis.call('HGETALL', KEYS[3])
+local all, mine = 0, 0
+for i = 1, #totals, 2 do
+  if totals[i] == 'all' then all = tonumber(totals[i + 1]) elseif totals[i] == mine_field then mine = tonumber(totals[i + 1]) end
+end
+local fair = mine + cost
+for i = 1, #totals, 2 do
+  if totals[i] ~= 'all' and totals[i] ~= mine_field then fair = fair + math.min(tonumber(totals[i + 1]), mine + cost) end
+end
+if n >= tonumber(ARGV[4]) or (n > 0 and all + cost > tonumber(ARGV[5])) then return {0, n, all, mine, fair} end
+local limit = tonumber(ARGV[10])
+if limit > 0 and mine > 0 and mine + cost > limit then return {-2, n, all, mine, fair} end
+local rate = tonumber(ARGV[8])
+if rate > 0 and fair / rate > tonumber(ARGV[9]) then return {-1, n, all, mine, fair} end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[6] .. ':' .. ARGV[7])
+redis.call('HINCRBY', KEYS[3], 'all', cost)
+redis.call('HINCRBY', KEYS[3], mine_field, cost)
+for i = 1, 3 do redis.call('EXPIRE', KEYS[i], 3600) end
+return {1, n, all, mine, fair}
+"""
+)
+
+_RELEASE_LUA = (
+    _FORGET_LUA
+    + """
+redis.call('ZREM', KEYS[1], ARGV[1])
+forget({ARGV[1]})
+"""
+)
 
 LAST_RATE_TTL_S = 24 * 3600
+# A request alone must fit in this share of its deadline at the full drain rate: the rest is for
+# the hops around the model and for the rate dipping.
+ALONE_SHARE = 0.8
 
 
 def backlog_key(model: str) -> str:
     return f"inference:backlog:{model}"
+
+
+def backlog_cost_key(model: str) -> str:
+    return f"inference:backlog:{model}:cost"
+
+
+def backlog_tokens_key(model: str) -> str:
+    return f"inference:backlog:{model}:tokens"
 
 
 def online_in_flight(client, models: list[str]) -> int:
@@ -50,8 +122,8 @@ def online_in_flight(client, models: list[str]) -> int:
 
 
 def last_rate_key(model: str) -> str:
-    """Requests per busy child-second last measured for `model`: the estimate after an idle spell."""
-    return f"inference:rate:last:{model}"
+    """Tokens per busy child-second last measured for `model`: the estimate after an idle spell."""
+    return f"inference:rate:last-tokens:{model}"
 
 
 @dataclass(frozen=True)
@@ -60,40 +132,63 @@ class Decision:
 
     admitted: bool
     reason: str | None
-    backlog: int
-    limit: int
-    drain_rate_per_s: float | None
+    backlog: int  # requests ahead
+    limit: int  # the limit that was hit (requests, or tokens for the token limits)
+    drain_rate_per_s: float | None  # tokens per second, all serving children together
     retry_after_s: int = 0
+    cost: int = 0  # this request's tokens
+    tokens_ahead: int = 0  # tokens served before this request would be done (fair estimate)
+    client_tokens: int = 0  # tokens this client already has waiting
+    status: int = 503
 
     @property
     def predicted_wait_s(self) -> float | None:
-        return None if not self.drain_rate_per_s else self.backlog / self.drain_rate_per_s
+        return None if not self.drain_rate_per_s else self.tokens_ahead / self.drain_rate_per_s
 
     def message(self, model: str) -> str:
         if self.reason == "no_worker":
             return f"no online worker is serving model {model!r}; retry later"
         if self.reason == "backlog_full":
-            return f"model {model!r} has {self.backlog} requests waiting, its limit is {self.limit}; retry later"
+            return (
+                f"model {model!r} has {self.backlog} requests waiting, its limit is {self.limit} "
+                f"(requests, or tokens for a token limit); retry later"
+            )
+        if self.reason == "client_backlog_full":
+            return (
+                f"this client already has {self.client_tokens} tokens of requests waiting for model {model!r}; "
+                f"one client may hold at most {self.limit} tokens at a time and this request costs {self.cost}; "
+                f"retry once earlier requests are answered, or send fewer texts at a time"
+            )
+        if self.reason == "request_too_large":
+            return (
+                f"this request costs {self.cost} tokens, and at most {self.limit} fit within its deadline "
+                f"for model {model!r} even with nothing else queued; split it into smaller requests, "
+                f"allow a longer deadline with X-Deadline-Ms (within the server's maximum), "
+                f"or submit it as a job (POST /api/v1/jobs)"
+            )
         wait = self.predicted_wait_s or 0.0
+        rate = self.drain_rate_per_s or 0.0
         return (
-            f"model {model!r} cannot meet this request's deadline: {self.backlog} requests ahead at "
-            f"{self.drain_rate_per_s:.1f}/s is a {wait * 1000:.0f} ms wait; retry later or allow a longer deadline"
+            f"model {model!r} cannot meet this request's deadline: {self.tokens_ahead} tokens would be served "
+            f"before it is done, at {rate:.0f} tokens/s a {wait * 1000:.0f} ms wait; "
+            f"retry later or allow a longer deadline"
         )
 
 
 def retry_after_s(reason: str, backlog: int, limit: int, rate_per_s: float | None, remaining_s: float) -> int:
-    """Seconds until the refusal would likely not repeat, from the drain rate; at least 1."""
+    """Seconds until the refusal would likely not repeat, from the drain rate (in the unit of
+    `backlog` and `limit`); at least 1."""
     if not rate_per_s:
         return 1
-    if reason == "backlog_full":
+    if reason in ("backlog_full", "client_backlog_full"):
         wait = (backlog - limit + 1) / rate_per_s
-    else:  # deadline: until the queue ahead is short enough to drain within this deadline
+    else:  # deadline: until the work ahead is short enough to drain within this deadline
         wait = backlog / rate_per_s - remaining_s
     return max(1, math.ceil(wait))
 
 
 class Admission:
-    """Admits and releases online requests for one web process; caches the drain-rate estimate briefly."""
+    """Admits and releases online requests for one web process; caches the capacity estimate briefly."""
 
     def __init__(
         self,
@@ -104,91 +199,144 @@ class Admission:
         cache_s: float = 0.5,
         headroom: float = 1.0,
         refusal_hold_s: float = 0.0,
+        dispatcher_heartbeat_s: float = 1.0,
+        max_backlog_tokens: int = 1 << 40,
+        client_share: float = 1.0,
     ) -> None:
         self.client = client
         # After a refusal, the same answer is given for this long without asking Redis (see held_refusal).
         self.refusal_hold_s = refusal_hold_s
-        self._held: dict[str, tuple[float, Decision]] = {}
-        # The share of a request's remaining time the queue ahead may take: the rest is for its own
-        # inference, and for the drain rate to be lower than measured (as it is under overload).
+        self._held: dict[tuple[str, str], tuple[float, Decision]] = {}
+        # The share of a request's remaining time the work ahead may take: the rest is for its own
+        # dispatch, and for the drain rate to be lower than measured (as it is under overload).
         self.headroom = headroom
         self.heartbeat_s = heartbeat_s
+        self.dispatcher_heartbeat_s = dispatcher_heartbeat_s
         self.rate_window_s = rate_window_s
         self.cache_s = cache_s
-        self._script = client.register_script(_ADMIT_LUA)
+        self.max_backlog_tokens = max_backlog_tokens
+        self.client_share = client_share
+        self._admit_script = client.register_script(_ADMIT_LUA)
+        self._release_script = client.register_script(_RELEASE_LUA)
         self._capacity: dict[str, tuple[float, int, float | None]] = {}
 
     async def capacity(self, model: str) -> tuple[int, float | None]:
-        """(children alive serving the model, drain rate per second or None when not yet measured)."""
+        """(children serving the model, drain rate in tokens per second or None when not yet measured)."""
         now = time.time()
         cached = self._capacity.get(model)
         if cached and now - cached[0] < self.cache_s:
             return cached[1], cached[2]
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(WORKERS_KEY)
+        pipe.hgetall(DISPATCHERS_KEY)
         pipe.get(last_rate_key(model))
         second = int(now)
         for offset in range(self.rate_window_s):
             pipe.hgetall(rate_key(model, second - offset))
-        workers_raw, last_per_child, *buckets = await pipe.execute()
+        workers_raw, dispatchers_raw, last_per_child, *buckets = await pipe.execute()
         children = sum(
             1
-            for w in alive_workers(workers_raw, self.heartbeat_s, now)
+            for w in serving_workers(workers_raw, dispatchers_raw, self.heartbeat_s, self.dispatcher_heartbeat_s, now)
             if w["queue"] == "online" and model in w["models"]
         )
-        rate = drain_rate_per_s(buckets, children)
+        rate = drain_rate_per_s(buckets, children, unit="tokens")
         if rate is not None:
             await self.client.set(last_rate_key(model), rate / children, ex=LAST_RATE_TTL_S)
         elif last_per_child and children:
             # Idle for the whole window: the last measured rate, not "unknown". Unknown would admit up
-            # to max_backlog at once, and a burst after a quiet spell would queue past its deadline.
+            # to the backlog limit at once, and a burst after a quiet spell would queue past its deadline.
             rate = float(last_per_child) * children
         self._capacity[model] = (now, children, rate)
         return children, rate
 
-    def held_refusal(self, model: str, deadline_ms: float) -> Decision | None:
-        """This process's last refusal for `model`, if it is recent and would apply to this request too.
+    def held_refusal(self, model: str, client_key: str, deadline_ms: float) -> Decision | None:
+        """This process's last refusal for `model` and this client (or for everyone), if it is recent
+        and would apply to this request too.
 
         No I/O: under overload most requests are refused, and asking Redis each time cost the web
         tier CPU that the workers needed. Safe for goodput: the hold is never longer than the work the
         refused request saw queued ahead of it (see admit); a backlog_full refusal applies to any
-        request; a deadline refusal to a request whose deadline the same rule, on the same figures
-        (queue ahead, drain rate), would refuse.
+        request; a client's share and deadline refusals to the same client, the latter only to a
+        request whose deadline the same rule, on the same figures, would refuse.
         """
-        held = self._held.get(model)
-        if held is None or time.monotonic() >= held[0]:
-            return None
-        decision = held[1]
-        if decision.reason == "backlog_full":
-            return decision
-        wait_s = decision.predicted_wait_s
-        return decision if wait_s is not None and wait_s > self.headroom * deadline_ms / 1000 else None
+        now = time.monotonic()
+        for key in ((model, ""), (model, client_key)):
+            held = self._held.get(key)
+            if held is None or now >= held[0]:
+                continue
+            decision = held[1]
+            if decision.reason in ("backlog_full", "client_backlog_full"):
+                return decision
+            wait_s = decision.predicted_wait_s
+            if wait_s is not None and wait_s > self.headroom * deadline_ms / 1000:
+                return decision
+        return None
 
-    async def admit(self, spec: ModelSpec, request_id: str, deadline: float) -> Decision:
+    def _hold(self, model: str, client_key: str, decision: Decision, remaining_s: float) -> None:
+        if self.refusal_hold_s <= 0:
+            return
+        # The work that caused a deadline refusal takes longer than `remaining_s` to drain, so a hold no
+        # longer than that cannot let the workers run dry (short deadlines get short holds).
+        hold_s = min(self.refusal_hold_s, remaining_s) if decision.reason == "deadline" else self.refusal_hold_s
+        if hold_s <= 0:
+            return
+        if len(self._held) > 10_000:
+            self._held.clear()
+        key = (model, "" if decision.reason == "backlog_full" else client_key)
+        self._held[key] = (time.monotonic() + hold_s, decision)
+
+    async def admit(
+        self,
+        spec: ModelSpec,
+        request_id: str,
+        deadline: float,
+        *,
+        cost: int = 1,
+        client: str = "",
+        client_key: str = "",
+    ) -> Decision:
+        """Admit `request_id` (costing `cost` tokens, sent by `client`) or say why not.
+
+        `client_key` is how the early refusal path recognises the same caller from headers alone.
+        """
         children, rate = await self.capacity(spec.name)
         if children == 0:
-            return Decision(
-                False, "no_worker", 0, spec.max_backlog, None, retry_after_s=max(1, math.ceil(3 * self.heartbeat_s))
-            )
+            retry = max(1, math.ceil(3 * self.dispatcher_heartbeat_s))
+            return Decision(False, "no_worker", 0, spec.max_backlog, None, retry_after_s=retry, cost=cost)
         now = time.time()
-        remaining_s = (deadline - now) * self.headroom
-        code, ahead = await self._script(
-            keys=[backlog_key(spec.name)],
-            args=[now, request_id, deadline, spec.max_backlog, rate or 0, remaining_s],
+        remaining_s = deadline - now
+        max_tokens = self.max_backlog_tokens
+        alone_fits = max_tokens if not rate else min(max_tokens, int(rate * remaining_s * ALONE_SHARE))
+        if cost > alone_fits:
+            return Decision(False, "request_too_large", 0, alone_fits, rate, cost=cost, status=413)
+        usable_s = remaining_s * self.headroom
+        share_of = max_tokens if not rate else min(max_tokens, rate * usable_s)
+        client_limit = max(1, int(self.client_share * share_of))
+        code, ahead, all_tokens, mine, fair = await self._admit_script(
+            keys=[backlog_key(spec.name), backlog_cost_key(spec.name), backlog_tokens_key(spec.name)],
+            args=[now, request_id, deadline, spec.max_backlog, max_tokens, cost, client, rate or 0, usable_s, client_limit],
         )
+        ahead, all_tokens, mine, fair = int(ahead), int(all_tokens), int(mine), int(fair)
         if code == 1:
-            self._held.pop(spec.name, None)
-            return Decision(True, None, int(ahead), spec.max_backlog, rate)
-        reason = "backlog_full" if code == 0 else "deadline"
-        retry = retry_after_s(reason, int(ahead), spec.max_backlog, rate, remaining_s)
-        decision = Decision(False, reason, int(ahead), spec.max_backlog, rate, retry_after_s=retry)
-        if self.refusal_hold_s > 0:
-            # The queue that caused a deadline refusal holds more than `remaining_s` of work, so a hold
-            # no longer than that cannot let the workers run dry (short deadlines get short holds).
-            hold_s = min(self.refusal_hold_s, remaining_s) if reason == "deadline" else self.refusal_hold_s
-            if hold_s > 0:
-                self._held[spec.name] = (time.monotonic() + hold_s, decision)
+            self._held.pop((spec.name, client_key), None)
+            return Decision(True, None, ahead, spec.max_backlog, rate, cost=cost, tokens_ahead=fair, client_tokens=mine)
+        if code == 0:
+            if ahead >= spec.max_backlog:
+                limit, excess_tokens = spec.max_backlog, (ahead - spec.max_backlog + 1) * all_tokens / max(ahead, 1)
+            else:
+                limit, excess_tokens = max_tokens, all_tokens + cost - max_tokens
+            retry = max(1, math.ceil(excess_tokens / rate)) if rate else 1
+            decision = Decision(False, "backlog_full", ahead, limit, rate, retry, cost, fair, mine)
+        elif code == -2:
+            retry = retry_after_s("client_backlog_full", mine + cost, client_limit, rate, usable_s)
+            decision = Decision(False, "client_backlog_full", ahead, client_limit, rate, retry, cost, fair, mine, 429)
+        else:
+            retry = retry_after_s("deadline", fair, 0, rate, usable_s)
+            decision = Decision(False, "deadline", ahead, spec.max_backlog, rate, retry, cost, fair, mine)
+        self._hold(spec.name, client_key, decision, usable_s)
         return decision
 
     async def release(self, model: str, request_id: str) -> None:
-        await self.client.zrem(backlog_key(model), request_id)
+        await self._release_script(
+            keys=[backlog_key(model), backlog_cost_key(model), backlog_tokens_key(model)], args=[request_id]
+        )

@@ -1,6 +1,7 @@
 """Batching, in both places it happens.
 
-1. In the worker's main process, `AdaptiveBatches` decides when buffered requests go to a child.
+1. In the worker's main process, `AdaptiveBatches` hands buffered requests to a child when one is
+   free, in the order and amounts the dispatch policy (`inference/dispatch.py`) decides.
    celery-batches flushes on a fixed timer or a count; measured on 2 CPU cores, a fixed timer hands
    small batches to children that are still busy, where they queue, and batches never grow. Here a
    batch is dispatched only when a child is free: a lone request goes at once (after at most
@@ -13,14 +14,16 @@
 from __future__ import annotations
 
 import logging
-import math
+import os
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from celery_batches import Batches, SimpleRequest, consume_queue
 from celery_batches.trace import apply_batches_task
+
+from inference.dispatch import FairDispatcher, Limits, Slice, Work
+from inference.workers import start_dispatcher_heartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -64,12 +67,14 @@ class _NoFixedTimer:
 
 
 class AdaptiveBatches(Batches):
-    """A celery-batches task that dispatches a batch whenever a pool child is free.
+    """A celery-batches task whose dispatch policy is `inference.dispatch.FairDispatcher`.
 
-    Requests must carry `model` and `inputs` kwargs. A dispatched batch holds one model's requests,
-    at most `max_texts(model)` texts and at most its share of what waits (divided by all children). Note what celery-batches
-    does not do (the batch task must): honour `expires`, revocation and time limits, and report errors
-    to callers; and it acknowledges messages once a child accepts the batch.
+    This class is the thin adapter: it turns buffered Celery requests into `Work`, asks the policy
+    for a plan whenever something changes (a message arrives, a child frees up, a wake-up timer
+    fires), and sends each planned dispatch to the pool. A slice of a request travels as a copy of
+    its SimpleRequest with the sliced inputs and `part = [start, end, total]`. Note what
+    celery-batches does not do (the batch task must): honour `expires`, revocation and time limits,
+    and report errors to callers.
     """
 
     abstract = True
@@ -83,7 +88,7 @@ class AdaptiveBatches(Batches):
 
     def __init__(self) -> None:
         super().__init__()
-        self._waiting: deque[Any] = deque()
+        self._policy: FairDispatcher | None = None
         self._received_at: dict[str, float] = {}
         self._in_flight = 0
         self._wake: Any = None
@@ -98,14 +103,28 @@ class AdaptiveBatches(Batches):
         """How many texts a request brings (online: its inputs; offline: its chunk's rows)."""
         return len(request.kwargs["inputs"])
 
+    def limits(self, model: str) -> Limits:
+        """Dispatch limits for this model (by default a text budget only)."""
+        return Limits(max_texts=self.max_texts(model), max_tokens=1 << 62, contended_tokens=1 << 62)
+
+    def work_for(self, request: Any, received_s: float) -> Work:
+        """How the policy sees a request: model, client, cost per text, deadline, and whether it may be
+        sliced (by default: one client, a cost of 1 per text, whole, no deadline)."""
+        texts = self.request_texts(request)
+        return Work(request, request.kwargs["model"], "", [1] * texts, received_s, divisible=False)
+
     def on_lost(self, requests: list[SimpleRequest], reason: str) -> None:
         """A child died running these requests: tell their callers (acks_late ones are also requeued)."""
+
+    def on_expired(self, requests: list[Any]) -> None:
+        """Requests dropped before dispatch because their deadline passed."""
 
     # Main-process machinery ------------------------------------------------------------------
     def Strategy(self, task: Batches, app: Any, consumer: Any) -> Callable[..., None]:
         handle = super().Strategy(task, app, consumer)
         self._timer = consumer.timer
         self._tref = _NoFixedTimer()
+        self.on_consumer_ready(consumer)
 
         def on_message(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kw: Any) -> None:
             task_id = (message.headers or {}).get("id")
@@ -116,65 +135,64 @@ class AdaptiveBatches(Batches):
 
         return on_message
 
+    def on_consumer_ready(self, consumer: Any) -> None:
+        """Called in the worker's main process when this task's strategy is built: starts the
+        dispatcher heartbeat (once per process, whichever batch task comes first)."""
+        start_dispatcher_heartbeat(consumer.timer, os.environ.get("WORKER_QUEUE", "online"))
+
+    @property
+    def policy(self) -> FairDispatcher:
+        if self._policy is None:
+            self._policy = FairDispatcher(_LimitsOf(self), self.batch_wait_s)
+        return self._policy
+
     def _children(self) -> int:
         return getattr(self._pool, "num_processes", None) or self._pool.limit or 1
 
     def _dispatch(self) -> None:
-        self._waiting.extend(consume_queue(self._buffer))
-        free = self._children() - self._in_flight
-        if not self._waiting or free <= 0:
-            return  # a finishing batch calls us again
         now = time.time()
-        oldest = self._waiting[0]
-        age_s = now - self._received_at.get(oldest.id, now)
-        model = oldest.kwargs["model"]
-        if age_s < self.batch_wait_s and self._texts_waiting(model) < self.max_texts(model):
-            if self._wake is None:
-                self._wake = self._timer.call_after(self.batch_wait_s - age_s, self._on_wake)
-            return
-        while free > 0 and self._waiting:
-            model = self._waiting[0].kwargs["model"]
-            # A share of what waits per child, busy ones included: a child that frees first does not take
-            # everything while the other is about to free up (measured: P99/P50 2.0 instead of 2.5 to 3.0
-            # at 16 to 40 clients, same throughput within noise).
-            share = math.ceil(self._texts_waiting(model) / self._children())
-            self._send(self._take(model, min(share, self.max_texts(model))))
-            free -= 1
+        for request in consume_queue(self._buffer):
+            self.policy.add(self.work_for(request, self._received_at.get(request.id, now)))
+        plan = self.policy.plan(self._children() - self._in_flight, self._children(), now)
+        if plan.expired:
+            expired = [w.key for w in plan.expired]
+            for request in expired:
+                self._received_at.pop(request.id, None)
+                if not request.task.acks_late:
+                    request.acknowledge()
+            self.on_expired(expired)
+        for dispatch in plan.dispatches:
+            self._send(dispatch, now)
+        if plan.wake_in_s is not None and self._wake is None:
+            self._wake = self._timer.call_after(plan.wake_in_s, self._on_wake)
 
     def _on_wake(self) -> None:
         self._wake = None
         self._dispatch()
 
-    def _texts_waiting(self, model: str) -> int:
-        return sum(self.request_texts(r) for r in self._waiting if r.kwargs["model"] == model)
+    def _simple(self, piece: Slice, now: float) -> SimpleRequest:
+        request = piece.work.key
+        item = SimpleRequest.from_request(request)
+        item.received_at = self._received_at.get(request.id, now)
+        item.dispatched_at = now
+        if not piece.whole:
+            kwargs = dict(item.kwargs)
+            kwargs["inputs"] = kwargs["inputs"][piece.start : piece.end]
+            if "tokens" in kwargs:
+                kwargs["tokens"] = kwargs["tokens"][piece.start : piece.end]
+            kwargs["part"] = [piece.start, piece.end, len(piece.work.costs)]
+            item.kwargs = kwargs
+        if piece.last:
+            self._received_at.pop(request.id, None)
+        return item
 
-    def _take(self, model: str, texts_budget: int) -> list[Any]:
-        """The oldest requests for `model` up to the text budget (always at least one); the rest keep their order."""
-        taken: list[Any] = []
-        kept: deque[Any] = deque()
-        texts = 0
-        for request in self._waiting:
-            size = self.request_texts(request)
-            if request.kwargs["model"] == model and (not taken or texts + size <= texts_budget):
-                taken.append(request)
-                texts += size
-            else:
-                kept.append(request)
-        self._waiting = kept
-        return taken
-
-    def _send(self, requests: list[Any]) -> None:
-        now = time.time()
-        simple = []
-        for request in requests:
-            item = SimpleRequest.from_request(request)
-            item.received_at = self._received_at.pop(request.id, now)
-            item.dispatched_at = now
-            simple.append(item)
+    def _send(self, pieces: list[Slice], now: float) -> None:
+        simple = [self._simple(piece, now) for piece in pieces]
         self._in_flight += 1
-
+        requests = [piece.work.key for piece in pieces]
         # Early-ack tasks (online: a caller with a deadline is answered, never redelivered) are acked
-        # once a child has the batch; acks_late tasks (offline) when it is done, or requeued if the
+        # once a child has the batch (acknowledge() is idempotent, so a request sliced over several
+        # dispatches is acked once); acks_late tasks (offline) when it is done, or requeued if the
         # child died, as celery-batches itself does for acks_late.
         late = [r for r in requests if r.task.acks_late]
         early = [r for r in requests if not r.task.acks_late]
@@ -205,6 +223,19 @@ class AdaptiveBatches(Batches):
             error_callback=lost,
             timeout=self.batch_time_limit_s,
         )
+
+
+class _LimitsOf:
+    """The policy's view of a task's per-model limits (looked up on demand: models load lazily)."""
+
+    def __init__(self, task: AdaptiveBatches) -> None:
+        self.task = task
+        self._cache: dict[str, Limits] = {}
+
+    def __getitem__(self, model: str) -> Limits:
+        if model not in self._cache:
+            self._cache[model] = self.task.limits(model)
+        return self._cache[model]
 
 
 def group_by(items: Iterable[Any], key: Callable[[Any], str]) -> dict[str, list[Any]]:

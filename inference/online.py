@@ -15,9 +15,10 @@ from typing import Any
 from django.conf import settings
 
 from inference.admission import Admission, Decision
+from inference.publish import publish
 from inference.registry import ModelSpec
-from inference.replies import wait_reply
-from inference.tasks import predict_online
+from inference.replies import gather_reply
+from platform_.celery import ONLINE_QUEUE
 from platform_.redis import get_async_redis
 
 _admissions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # one per event loop
@@ -42,6 +43,11 @@ class DeadlineExceeded(Exception):
 class WorkerFailed(Exception):
     """The worker answered with an error (the model raised, or its process died)."""
 
+    def __init__(self, message: str, code: str = "worker_failed") -> None:
+        super().__init__(message)
+        # input_rejected: the model failed on this request's own input, run alone (see serving.py).
+        self.code = code
+
 
 @dataclass
 class Prediction:
@@ -60,41 +66,60 @@ def get_admission() -> Admission:
             rate_window_s=settings.ONLINE_RATE_WINDOW_S,
             headroom=settings.ONLINE_ADMISSION_HEADROOM,
             refusal_hold_s=settings.ONLINE_REFUSAL_HOLD_MS / 1000,
+            dispatcher_heartbeat_s=settings.DISPATCHER_HEARTBEAT_S,
+            max_backlog_tokens=settings.ONLINE_MAX_BACKLOG_TOKENS,
+            client_share=settings.ONLINE_CLIENT_SHARE,
         )
         _admissions[loop] = admission
     return admission
 
 
 async def predict(
-    spec: ModelSpec, texts: list[str], deadline_ms: int, request_id: str, started_at: float
+    spec: ModelSpec,
+    texts: list[str],
+    deadline_ms: int,
+    request_id: str,
+    started_at: float,
+    *,
+    tokens: list[int] | None = None,
+    client: str = "",
+    client_key: str = "",
 ) -> Prediction:
-    """Run `texts` through `spec`'s model on the online queue; `started_at` is when the HTTP request arrived."""
+    """Run `texts` through `spec`'s model on the online queue; `started_at` is when the HTTP request arrived.
+
+    `tokens` are the texts' token counts (the request's price), `client` who sent it (fair share and
+    fair order), `client_key` how the early refusal path recognises that caller from its headers.
+    """
+    tokens = tokens or [1] * len(texts)
     deadline = started_at + deadline_ms / 1000
     task_id = uuid.uuid4().hex
     admission = get_admission()
     admit_start = time.time()
-    decision = await admission.admit(spec, task_id, deadline)
+    decision = await admission.admit(
+        spec, task_id, deadline, cost=sum(tokens), client=client, client_key=client_key
+    )
     admission_ms = (time.time() - admit_start) * 1000
     if not decision.admitted:
         raise Refused(decision, admission_ms)
+    redis_client = get_async_redis()
     try:
-        predict_online.apply_async(
-            kwargs={
-                "model": spec.name,
-                "inputs": texts,
-                "deadline": deadline,
-                "enqueued_at": time.time(),
-                "request_id": request_id,
-            },
-            task_id=task_id,
-        )
-        reply = await wait_reply(get_async_redis(), task_id, deadline - time.time())
+        kwargs = {
+            "model": spec.name,
+            "inputs": texts,
+            "tokens": tokens,
+            "client": client,
+            "deadline": deadline,
+            "enqueued_at": time.time(),
+            "request_id": request_id,
+        }
+        await publish(redis_client, task_id, ONLINE_QUEUE, kwargs)
+        reply = await gather_reply(redis_client, task_id, len(texts), deadline)
     finally:
         await admission.release(spec.name, task_id)
     if reply is None:
         raise DeadlineExceeded(deadline_ms, admission_ms)
     if not reply["ok"]:
-        raise WorkerFailed(reply["error"])
+        raise WorkerFailed(reply["error"], reply.get("code", "worker_failed"))
     now = time.time()
     timing = reply["timing"]
     inference_end = timing.pop("inference_end")

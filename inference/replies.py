@@ -8,6 +8,7 @@ answer that arrives before the caller starts waiting is not lost, and the key ex
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import redis
@@ -39,3 +40,32 @@ async def wait_reply(client: aredis.Redis, task_id: str, timeout_s: float) -> di
     # BLPOP's timeout has millisecond resolution; 0 would mean forever.
     item = await client.blpop([reply_key(task_id)], timeout=max(timeout_s, 0.001))
     return None if item is None else json.loads(item[1])
+
+
+async def gather_reply(client: aredis.Redis, task_id: str, texts: int, deadline: float) -> dict[str, Any] | None:
+    """The whole answer for a request of `texts` texts, which the dispatcher may have cut into parts
+    (each reply then carries `part: [start, end, total]`); None when it is not complete by `deadline`.
+
+    The first failed part is the answer: the caller gets that error, not a partial result.
+    """
+    outputs: list[Any] = [None] * texts
+    covered = 0
+    merged: dict[str, Any] | None = None
+    while covered < texts:
+        reply = await wait_reply(client, task_id, deadline - time.time())
+        if reply is None or not reply["ok"]:
+            return reply
+        start, end, _ = reply.get("part") or (0, texts, texts)
+        outputs[start:end] = reply["outputs"]
+        covered += end - start
+        if merged is None:
+            merged = reply
+        else:  # the request's timing: from its first part's queueing to its last part's inference
+            first, last = merged["timing"], reply["timing"]
+            last["queue_wait_ms"] = first["queue_wait_ms"]
+            last["batch_size"] = max(first["batch_size"], last["batch_size"])
+            merged = reply
+    assert merged is not None
+    merged["outputs"] = outputs
+    merged.pop("part", None)
+    return merged

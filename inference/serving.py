@@ -40,6 +40,17 @@ def serve_online(requests: list[Any], client: redis.Redis, state: WorkerState | 
         _serve_model(model, group, client, state)
 
 
+def part_of(request: Any) -> dict[str, Any]:
+    """The `part` field a reply to a slice of a request carries (see inference/dispatch.py)."""
+    part = request.kwargs.get("part")
+    return {"part": part} if part else {}
+
+
+def _offset(request: Any) -> int:
+    part = request.kwargs.get("part")
+    return part[0] if part else 0
+
+
 class _Answers:
     """Pushes each request's reply as soon as the last pass holding one of its texts is done."""
 
@@ -65,18 +76,48 @@ class _Answers:
                     "outputs": outputs[own],
                     "timing": _timing(request, passes[own], len(self.live)),
                     "worker": self.worker,
+                    **part_of(request),
                 }
                 self.answered.add(n)
         push_replies(self.client, replies)
 
-    def fail_the_rest(self, error: str) -> int:
-        failed = {
-            r.id: {"ok": False, "error": error, "worker": self.worker}
-            for n, r in enumerate(self.live)
-            if n not in self.answered
-        }
-        push_replies(self.client, failed)
-        return len(failed)
+    def unanswered(self) -> list[Any]:
+        return [r for n, r in enumerate(self.live) if n not in self.answered]
+
+
+def _fail(client: redis.Redis, requests: list[Any], error: str, code: str, worker: str) -> None:
+    push_replies(
+        client, {r.id: {"ok": False, "error": error, "code": code, "worker": worker, **part_of(r)} for r in requests}
+    )
+
+
+def _culprit(model: str, request: Any) -> str:
+    """Which of a failing request's texts the model cannot take, said without internals."""
+    for index, text in enumerate(request.kwargs["inputs"]):
+        try:
+            runtime.run(model, [text])
+        except Exception as exc:
+            reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            return f"model {model!r} could not process inputs[{_offset(request) + index}]: {reason}"
+    return f"model {model!r} could not process this request's texts together; send them in smaller requests"
+
+
+def _isolate(model: str, requests: list[Any], client: redis.Redis, worker: str) -> tuple[int, int]:
+    """Run each request alone after a batch failed, so only a request whose own input fails gets an
+    error and its neighbours get their answers. Returns (answered, failed)."""
+    answered = failed = 0
+    for request in requests:
+        if request.kwargs["deadline"] <= time.time():
+            continue  # its caller has been answered 504 already
+        alone = _Answers([request], client, worker)
+        try:
+            runtime.run(model, request.kwargs["inputs"], on_pass=alone.pass_done)
+            answered += 1
+        except Exception:
+            logger.warning("request %s fails on model %s on its own", request.id, model, exc_info=True)
+            _fail(client, [request], _culprit(model, request), "input_rejected", worker)
+            failed += 1
+    return answered, failed
 
 
 def _serve_model(model: str, group: list[Any], client: redis.Redis, state: WorkerState | None) -> None:
@@ -87,13 +128,16 @@ def _serve_model(model: str, group: list[Any], client: redis.Redis, state: Worke
         record_batch(client, model, done=0, texts=0, busy_s=0.0, expired=expired)
         return
     texts = [text for r in live for text in r.kwargs["inputs"]]
-    answers = _Answers(live, client, state.worker_id if state else "")
+    worker = state.worker_id if state else ""
+    answers = _Answers(live, client, worker)
     try:
         _, passes = runtime.run(model, texts, on_pass=answers.pass_done)
-    except Exception as exc:  # every caller must hear about it; nothing else would tell them
-        logger.exception("inference failed for %d requests on %s", len(live), model)
-        failed = answers.fail_the_rest(f"inference failed: {exc}")
-        done = len(live) - failed
+    except Exception:
+        # One request's input can fail a whole pass; its neighbours must not pay for it.
+        logger.warning("a batch of %d requests failed on %s; running them one by one", len(live), model, exc_info=True)
+        rest = answers.unanswered()
+        done, failed = _isolate(model, rest, client, worker)
+        done += len(live) - len(rest)
         record_batch(client, model, done=done, texts=0, busy_s=time.time() - started, expired=expired, failed=failed)
         return
     distinct = list({id(p): p for p in passes}.values())
@@ -103,6 +147,7 @@ def _serve_model(model: str, group: list[Any], client: redis.Redis, state: Worke
         done=len(live),
         texts=len(texts),
         busy_s=time.time() - started,
+        tokens=sum(sum(r.kwargs.get("tokens") or ()) for r in live),
         expired=expired,
         pass_sizes=[p.size for p in distinct],
         inference_s=sum(p.end - p.start for p in distinct),

@@ -8,10 +8,12 @@ from celery import signals
 from django.conf import settings
 
 from inference import worker_process
-from inference.batching import AdaptiveBatches
+from inference.batching import AdaptiveBatches, group_by
+from inference.dispatch import Limits, Work
 from inference.registry import get_registry
 from inference.replies import push_replies
-from inference.serving import serve_online
+from inference.serving import part_of, serve_online
+from inference.workers import record_batch
 from platform_.celery import app
 from platform_.periodic import Periodic
 from platform_.redis import get_redis
@@ -25,12 +27,29 @@ class OnlineBatches(AdaptiveBatches):
     batch_wait_s = settings.ONLINE_BATCH_WAIT_MS / 1000
     batch_time_limit_s = settings.ONLINE_TIME_LIMIT_S
 
-    def max_texts(self, model: str) -> int:
+    def limits(self, model: str) -> Limits:
         spec = get_registry().get(model)
-        return spec.max_batch_size if spec else 1
+        if spec is None:
+            return Limits(max_texts=1, max_tokens=1, contended_tokens=1)
+        max_tokens = min(spec.max_batch_tokens, settings.ONLINE_DISPATCH_TOKENS)
+        return Limits(
+            max_texts=spec.max_batch_size,
+            max_tokens=max_tokens,
+            contended_tokens=min(max_tokens, settings.ONLINE_CONTENDED_DISPATCH_TOKENS),
+        )
+
+    def work_for(self, request: Any, received_s: float) -> Work:
+        kwargs = request.kwargs
+        # The web tier counted each text's tokens when it admitted the request (inference/tokens.py).
+        costs = kwargs.get("tokens") or [1] * len(kwargs["inputs"])
+        return Work(request, kwargs["model"], str(kwargs.get("client", "")), costs, received_s, kwargs["deadline"])
 
     def on_lost(self, requests: list[Any], reason: str) -> None:
-        push_replies(get_redis(), {r.id: {"ok": False, "error": reason} for r in requests})
+        push_replies(get_redis(), {r.id: {"ok": False, "error": reason, **part_of(r)} for r in requests})
+
+    def on_expired(self, requests: list[Any]) -> None:
+        for model, group in group_by(requests, lambda r: r.kwargs["model"]).items():
+            record_batch(get_redis(), model, done=0, texts=0, busy_s=0.0, expired=len(group), batch=False)
 
 
 @app.task(base=OnlineBatches, name="inference.predict_online", ignore_result=True)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from itertools import accumulate
 from typing import Any
 
 from platform_.errors import ApiError
@@ -21,18 +23,45 @@ def _invalid(detail: str) -> ApiError:
     return ApiError(400, "invalid_input", detail)
 
 
-def parse_json_body(content_type: str, body: bytes) -> Any:
-    """The decoded JSON body; 415 for another content type, 400 for bytes that are not JSON."""
+_WHOLE_NUMBER = re.compile(r"\s*-?[0-9]{1,12}\s*")
+_DEPTH_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+
+
+def json_depth(body: bytes) -> int:
+    """Deepest nesting of arrays and objects, counted on the raw bytes (brackets inside strings count
+    too, so this over-estimates, never under-estimates). Linear and in C for the common case."""
+    brackets = body.translate(None, delete=bytes(b for b in range(256) if b not in _DEPTH_STEP))
+    return max(accumulate(_DEPTH_STEP[b] for b in brackets), default=0)
+
+
+def parse_json_body(content_type: str, body: bytes, *, max_depth: int = 32, max_number_digits: int = 64) -> Any:
+    """The decoded JSON body; 415 for another content type, 400 for bytes that are not JSON, or JSON
+    nested deeper than `max_depth` or holding an integer longer than `max_number_digits`.
+
+    Python's parser recurses once per level and converts integers of any length (quadratic time,
+    and a ValueError past 4,300 digits), so both are bounded before they can cost more than a 400.
+    """
     media_type = content_type.split(";")[0].strip().lower()
     if media_type != "application/json":
         shown = media_type or "none"
         raise ApiError(415, "unsupported_media_type", f"Content-Type must be application/json, got {shown}")
+    # Cheap test first: a body with few brackets cannot be deep.
+    if body.count(b"[") + body.count(b"{") > max_depth and (depth := json_depth(body)) > max_depth:
+        raise _invalid(f"the JSON is nested {depth} levels deep; the limit is {max_depth}")
+
+    def parse_int(digits: str) -> int:
+        if len(digits.lstrip("-")) > max_number_digits:
+            raise _invalid(f"the JSON holds a number of {len(digits)} digits; the limit is {max_number_digits}")
+        return int(digits)
+
     try:
-        return json.loads(body)
+        return json.loads(body, parse_int=parse_int)
     except UnicodeDecodeError as exc:
         raise _invalid(f"the body is not UTF-8: {exc.reason} at byte {exc.start}") from exc
     except json.JSONDecodeError as exc:
         raise _invalid(f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+    except RecursionError:
+        raise _invalid(f"the JSON is nested too deep; the limit is {max_depth} levels") from None
 
 
 def validate_inputs(payload: Any, *, max_inputs: int, max_chars: int) -> list[str]:
@@ -57,17 +86,22 @@ def validate_inputs(payload: Any, *, max_inputs: int, max_chars: int) -> list[st
             raise _invalid(f"inputs[{index}] is empty")
         if len(text) > max_chars:
             raise _invalid(f"inputs[{index}] is {len(text)} characters; the limit is {max_chars}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800"): valid JSON, but not text
+            raise _invalid(
+                f"inputs[{index}] is not valid Unicode text: {exc.reason} at character {exc.start}"
+            ) from None
     return inputs
 
 
-def parse_deadline_ms(header: str | None, default_ms: int) -> int:
-    """The client's X-Deadline-Ms if it is shorter than the default; a longer one is capped, not refused."""
+def parse_deadline_ms(header: str | None, default_ms: int, max_ms: int | None = None) -> int:
+    """The client's X-Deadline-Ms, up to `max_ms` (default: `default_ms`); a longer one is capped, not refused."""
     if header is None or header == "":
         return default_ms
-    try:
-        value = int(header)
-    except ValueError:
-        raise _invalid(f"X-Deadline-Ms must be a whole number of milliseconds, got {header!r}") from None
+    if not _WHOLE_NUMBER.fullmatch(header):
+        raise _invalid(f"X-Deadline-Ms must be a whole number of milliseconds, got {header[:40]!r}")
+    value = int(header)
     if value <= 0:
         raise _invalid(f"X-Deadline-Ms must be positive, got {value}")
-    return min(value, default_ms)
+    return min(value, max_ms or default_ms)

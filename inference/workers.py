@@ -20,6 +20,10 @@ import redis
 from platform_ import metrics
 
 WORKERS_KEY = "inference:workers"
+# Each worker's main process (the dispatcher: it consumes the queue and hands batches to children)
+# beats here too. Children keep beating while their main process is stopped or wedged, so children
+# alone would say "serving" while nothing is dispatched and every admitted request ends in 504.
+DISPATCHERS_KEY = "inference:dispatchers"
 BUCKET_TTL_S = 15 * 60
 
 
@@ -38,6 +42,8 @@ class WorkerState:
     queue: str
     models: list[str]
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    # The main process that dispatches to this child (prefork: the parent).
+    dispatcher: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getppid()}")
     state: str = "idle"
     batches: int = 0
     started_at: float = field(default_factory=time.time)
@@ -112,14 +118,17 @@ def record_batch(
     done: int,
     texts: int,
     busy_s: float,
+    tokens: int = 0,
     expired: int = 0,
     failed: int = 0,
     pass_sizes: list[int] | None = None,
     inference_s: float = 0.0,
     max_batch_size: int = 1,
+    batch: bool = True,
 ) -> None:
-    """Count one batch: lifetime totals, the per-second bucket admission reads the drain rate from,
-    and the shared metrics (batch sizes and fill, inference time), in one round trip."""
+    """Count one batch: lifetime totals, the per-second bucket admission reads the drain rate from
+    (requests, tokens and busy child-seconds), and the shared metrics (batch sizes and fill,
+    inference time), in one round trip. `batch=False` counts requests dropped before dispatch."""
     now_s = int(time.time())
     pipe = client.pipeline(transaction=False)
     totals = {"requests_done": done, "texts_done": texts, "expired_skipped": expired, "failed": failed}
@@ -130,12 +139,51 @@ def record_batch(
         pipe.hincrby(stats_key(model), "forward_passes", len(pass_sizes))
         pipe.hincrby(stats_key(model), "forward_texts", sum(pass_sizes))
         metrics.write_pipeline(pipe, metrics.batch_fields(model, pass_sizes, max_batch_size, inference_s))
-    pipe.hincrby(stats_key(model), "batches", 1)
-    bucket = rate_key(model, now_s)
-    pipe.hincrby(bucket, "done", done)
-    pipe.hincrbyfloat(bucket, "busy_s", busy_s)
-    pipe.expire(bucket, BUCKET_TTL_S)
+    if batch:
+        pipe.hincrby(stats_key(model), "batches", 1)
+    if busy_s > 0:
+        bucket = rate_key(model, now_s)
+        pipe.hincrby(bucket, "done", done)
+        pipe.hincrby(bucket, "tokens", tokens)
+        pipe.hincrbyfloat(bucket, "busy_s", busy_s)
+        pipe.expire(bucket, BUCKET_TTL_S)
     pipe.execute()
+
+
+_dispatcher_beating: int | None = None
+
+
+def dispatcher_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def start_dispatcher_heartbeat(timer: Any, queue: str) -> None:
+    """Beat from the worker main process's own event loop (its kombu timer), so the beats stop when
+    that loop stops dispatching: SIGSTOP, a wedged consumer, a dead broker connection."""
+    from django.conf import settings
+
+    from platform_.redis import get_redis
+
+    global _dispatcher_beating
+    if _dispatcher_beating == os.getpid():
+        return
+    _dispatcher_beating = os.getpid()
+    client, me = get_redis(), dispatcher_id()
+
+    def beat() -> None:
+        try:
+            client.hset(DISPATCHERS_KEY, me, json.dumps({"queue": queue, "ts": time.time()}))
+        except redis.RedisError:
+            pass  # readers see this dispatcher as stale until Redis answers again
+
+    beat()
+    timer.call_repeatedly(settings.DISPATCHER_HEARTBEAT_S, beat)
+
+
+def live_dispatchers(raw: dict[str, str], interval_s: float, now: float | None = None) -> set[str]:
+    """Dispatchers whose last beat is fresh (three missed beats and one counts as stopped)."""
+    now = time.time() if now is None else now
+    return {key for key, value in raw.items() if now - json.loads(value)["ts"] <= 3 * interval_s}
 
 
 def alive_workers(raw: dict[str, str], interval_s: float, now: float | None = None) -> list[dict[str, Any]]:
@@ -149,13 +197,26 @@ def alive_workers(raw: dict[str, str], interval_s: float, now: float | None = No
     return alive
 
 
-def drain_rate_per_s(buckets: list[dict[str, str]], children: int) -> float | None:
-    """Requests per second the serving children can clear, from recent per-second buckets.
+def serving_workers(
+    children_raw: dict[str, str],
+    dispatchers_raw: dict[str, str],
+    interval_s: float,
+    dispatcher_interval_s: float,
+    now: float | None = None,
+) -> list[dict[str, Any]]:
+    """Children alive whose dispatcher is alive too: the ones that will actually receive work."""
+    live = live_dispatchers(dispatchers_raw, dispatcher_interval_s, now)
+    return [w for w in alive_workers(children_raw, interval_s, now) if w.get("dispatcher") in live]
 
-    Measured as requests per busy child-second, times the children alive: unlike completions per
-    wall second, this does not read low just because traffic was light a moment ago.
+
+def drain_rate_per_s(buckets: list[dict[str, str]], children: int, unit: str = "done") -> float | None:
+    """Requests (`unit="done"`) or tokens (`unit="tokens"`) per second the serving children can clear.
+
+    Measured per busy child-second, times the children alive: unlike completions per wall second,
+    this does not read low just because traffic was light a moment ago. In tokens it does not
+    collapse after a burst of heavy requests either, as requests per second did.
     """
-    done = sum(int(b.get("done", 0)) for b in buckets)
+    done = sum(float(b.get(unit, 0)) for b in buckets)
     busy_s = sum(float(b.get("busy_s", 0.0)) for b in buckets)
     if done == 0 or busy_s <= 0 or children <= 0:
         return None

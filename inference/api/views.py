@@ -10,6 +10,7 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.http import JsonResponse
+from django.http.cookie import parse_cookie
 from django.views.decorators.csrf import csrf_exempt
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
@@ -23,8 +24,9 @@ from inference.admission import Decision
 from inference.api.auth import authenticate
 from inference.observe import observe
 from inference.registry import get_registry
+from inference.tokens import token_counts
 from inference.validation import parse_deadline_ms, parse_json_body, validate_inputs
-from inference.workers import WORKERS_KEY, alive_workers
+from inference.workers import DISPATCHERS_KEY, WORKERS_KEY, serving_workers
 from platform_.errors import ApiError
 from platform_.redis import get_redis
 
@@ -44,18 +46,35 @@ def server_timing(timing: dict[str, Any]) -> str:
 async def _predict(request: Any, name: str, request_id: str, started_at: float, seen: dict[str, Any]) -> JsonResponse:
     if request.method != "POST":
         raise ApiError(405, "method_not_allowed", f"use POST, not {request.method}", headers={"Allow": "POST"})
-    await authenticate(request)
+    user = await authenticate(request)
     registry = get_registry()
     spec = registry.get(name)
     if spec is None:
         raise ApiError(404, "unknown_model", f"unknown model {name!r}; served models: {', '.join(registry.names())}")
     seen["model"] = name
-    payload = parse_json_body(request.headers.get("Content-Type", ""), request.body)
+    payload = parse_json_body(
+        request.headers.get("Content-Type", ""),
+        request.body,
+        max_depth=settings.ONLINE_MAX_JSON_DEPTH,
+        max_number_digits=settings.ONLINE_MAX_NUMBER_DIGITS,
+    )
     texts = validate_inputs(payload, max_inputs=settings.ONLINE_MAX_INPUTS, max_chars=settings.ONLINE_MAX_TEXT_CHARS)
     seen["texts"] = texts
-    deadline_ms = parse_deadline_ms(request.headers.get("X-Deadline-Ms"), settings.ONLINE_DEADLINE_MS)
+    tokens = token_counts(spec, texts)
+    deadline_ms = parse_deadline_ms(
+        request.headers.get("X-Deadline-Ms"), settings.ONLINE_DEADLINE_MS, settings.ONLINE_MAX_DEADLINE_MS
+    )
     try:
-        result = await online.predict(spec, texts, deadline_ms, request_id, started_at)
+        result = await online.predict(
+            spec,
+            texts,
+            deadline_ms,
+            request_id,
+            started_at,
+            tokens=tokens,
+            client=str(user.pk),
+            client_key=client_key(request.headers),
+        )
     except online.Refused as refused:
         raise _refusal(name, refused.decision, refused.admission_ms) from None
     except online.DeadlineExceeded as exc:
@@ -66,7 +85,8 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
             timing={"admission_ms": round(exc.admission_ms, 3)},
         ) from None
     except online.WorkerFailed as exc:
-        raise ApiError(502, "worker_failed", str(exc)) from None
+        # input_rejected: the model failed on this request's own input, run apart from its neighbours.
+        raise ApiError(422 if exc.code == "input_rejected" else 502, exc.code, str(exc)) from None
     except redis.RedisError as exc:
         raise ApiError(
             503, "broker_unavailable", f"the broker is unreachable: {exc}", headers={"Retry-After": "1"}
@@ -80,15 +100,31 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
 
 
 def _refusal(name: str, decision: Decision, admission_ms: float) -> ApiError:
+    # 413 (too large for any deadline) is not worth retrying as it is, so it carries no Retry-After.
+    headers = {"Retry-After": str(decision.retry_after_s)} if decision.status != 413 else {}
     return ApiError(
-        503,
+        decision.status,
         decision.reason or "refused",
         decision.message(name),
-        headers={"Retry-After": str(decision.retry_after_s)},
+        headers=headers,
         backlog=decision.backlog,
         limit=decision.limit,
+        cost_tokens=decision.cost,
         timing={"admission_ms": round(admission_ms, 3)},
     )
+
+
+def client_key(headers: Any) -> str:
+    """How the early refusal recognises a caller from its headers alone: its credentials, unchecked.
+
+    Only ever used to repeat a refusal this caller itself just got, so a forged value gains nothing.
+    """
+    authorization = headers.get("authorization") or headers.get("Authorization")
+    if authorization:
+        return authorization
+    cookies = parse_cookie(headers.get("cookie") or headers.get("Cookie") or "")
+    session = cookies.get(settings.SESSION_COOKIE_NAME)
+    return f"session:{session}" if session else ""
 
 
 def early_refusal(request_headers: dict[str, str], name: str) -> JsonResponse | None:
@@ -102,10 +138,12 @@ def early_refusal(request_headers: dict[str, str], name: str) -> JsonResponse | 
     if get_registry().get(name) is None:
         return None
     try:
-        deadline_ms = parse_deadline_ms(request_headers.get("x-deadline-ms"), settings.ONLINE_DEADLINE_MS)
+        deadline_ms = parse_deadline_ms(
+            request_headers.get("x-deadline-ms"), settings.ONLINE_DEADLINE_MS, settings.ONLINE_MAX_DEADLINE_MS
+        )
     except ApiError:
         return None  # the full path explains the bad header
-    decision = online.get_admission().held_refusal(name, deadline_ms)
+    decision = online.get_admission().held_refusal(name, client_key(request_headers), deadline_ms)
     if decision is None:
         return None
     error = _refusal(name, decision, 0.0)
@@ -114,6 +152,9 @@ def early_refusal(request_headers: dict[str, str], name: str) -> JsonResponse | 
     observe(model=name, status=503, code=error.code, timing=timing, request_id=request_id, texts=[])
     response = error.response()
     response["Server-Timing"] = server_timing(timing)
+    # A caller refused again within the hold is retrying without waiting: answering it later (never
+    # later than its Retry-After) caps what a retry storm costs the web tier, and so the model.
+    response.delay_s = min(settings.ONLINE_REFUSAL_DELAY_MS / 1000, decision.retry_after_s)
     return _finish(response, request_id)
 
 
@@ -149,7 +190,14 @@ async def predict_view(request: Any, name: str) -> JsonResponse:
 
 
 def _serving_workers() -> list[dict[str, Any]]:
-    return alive_workers(get_redis().hgetall(WORKERS_KEY), settings.WORKER_HEARTBEAT_S)
+    """Worker children alive whose dispatching main process is alive too."""
+    client = get_redis()
+    return serving_workers(
+        client.hgetall(WORKERS_KEY),
+        client.hgetall(DISPATCHERS_KEY),
+        settings.WORKER_HEARTBEAT_S,
+        settings.DISPATCHER_HEARTBEAT_S,
+    )
 
 
 _model_list = inline_serializer(
