@@ -1,4 +1,8 @@
-"""Results out of a job: filtered row querysets and a streamed CSV (memory stays flat for any job size)."""
+"""Results out of a job: filtered row querysets and a streamed CSV (memory stays flat for any job size).
+
+The CSV is for spreadsheets, so user-supplied cells that would run as formulas are neutralised; the
+JSON results (jobs/api) carry the raw text.
+"""
 
 from __future__ import annotations
 
@@ -38,6 +42,17 @@ def filtered_rows(job: Job, params: Mapping[str, str]) -> QuerySet[JobRow]:
     return rows
 
 
+# A spreadsheet reads a cell starting with one of these as a formula (OWASP, CSV injection): a row
+# text of `=cmd|' /C calc'!A0` would run on the reviewer's machine. Tab and carriage return too,
+# since some spreadsheets strip them and then see the formula.
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def neutralise(cell: str) -> str:
+    """A cell that a spreadsheet would run as a formula, prefixed with a single quote (shown as text)."""
+    return "'" + cell if cell.startswith(_FORMULA_STARTS) else cell
+
+
 class _Echo:
     """A file-like object whose write returns the line, so csv.writer can feed a generator."""
 
@@ -63,16 +78,16 @@ def _line(writer, row: JobRow) -> str:
         [
             row.job_id,
             row.index,
-            row.external_id,
-            row.text,
+            neutralise(row.external_id),
+            neutralise(row.text),
             row.status,
-            row.label,
-            "" if row.score is None else f"{row.score:.6f}",
-            row.corrected_label,
+            neutralise(row.label),
+            "" if row.score is None else f"{row.score:.6f}",  # a number we formatted, not user text
+            neutralise(row.corrected_label),
             "yes" if row.low_confidence else "",
             "yes" if row.reviewed_at else "",
-            row.error,
-            "" if row.output is None else json.dumps(row.output, separators=(",", ":")),
+            neutralise(row.error),
+            "" if row.output is None else neutralise(json.dumps(row.output, separators=(",", ":"))),
         ]
     )
 

@@ -12,7 +12,7 @@ class UploadForm(forms.Form):
     model = forms.ChoiceField()
     text_column = forms.CharField(initial="text")
     id_column = forms.CharField(required=False, help_text="optional: a column copied to the results")
-    encoding = forms.CharField(initial="utf-8", help_text="utf-8 (with or without BOM), gbk, latin-1, ...")
+    encoding = forms.CharField(initial="utf-8", help_text="utf-8, latin-1, gbk, ...; a UTF-8/16/32 byte-order mark is honoured")
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

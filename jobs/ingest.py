@@ -1,7 +1,10 @@
 """Reading an uploaded CSV into job rows, streaming: memory stays flat whatever the file's size.
 
-Bytes are decoded line by line, so an undecodable byte is reported with its line and column. Errors
-that make the file unusable raise IngestError (the caller deletes the half-made job); an empty or
+Two callers: the web request runs `preflight` on the upload (codec, byte-order mark, header and the
+first rows, so the usual mistakes get their 400 at once), and an offline worker reads the whole
+stored upload with `read_rows` (jobs/lifecycle.py `run_ingest`). Bytes are decoded in blocks and split
+into lines after decoding, so UTF-16 and UTF-32 files split correctly, and an undecodable byte is
+reported with its line and column. Errors that make the file unusable raise IngestError; an empty or
 oversized text cell fails only its row.
 """
 
@@ -9,17 +12,32 @@ from __future__ import annotations
 
 import codecs
 import csv
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO
-
-from django.db import transaction
-from django.utils import timezone
-
-from jobs.models import Chunk, Job, JobRow, JobStatus, RowStatus
+from typing import IO, NamedTuple, Protocol
 
 DELIMITERS = (",", ";", "\t")
 _DELIMITER_NAMES = {",": "comma", ";": "semicolon", "\t": "tab"}
+# Decoding happens a block at a time; the preflight therefore checks at least the first block's bytes.
+BLOCK_BYTES = 64 * 1024
+# Data rows the web request reads before answering; the rest is read by the ingest task.
+PREFLIGHT_ROWS = 100
+VALID_ENCODINGS = "utf-8, utf-16, utf-32, latin-1, cp1252, gbk, shift_jis"
+# Codecs Python calls text encodings that are not character sets a file is written in: `undefined`
+# always fails, idna and punycode encode host names, the escape codecs rewrite backslashes.
+_NOT_CHARSETS = {"undefined", "idna", "punycode", "unicode-escape", "raw-unicode-escape"}
+# utf-32 first: its little-endian mark starts with utf-16's.
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
+# Python's csv module refuses a field over 128 KiB by raising for the whole file; a cell is bounded
+# by the upload limit anyway, and an over-long one must fail only its row ("text too long").
+csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
 
 
 class IngestError(Exception):
@@ -38,6 +56,10 @@ class IngestLimits:
     chunk_rows: int
 
 
+class Readable(Protocol):
+    def read(self, size: int = -1, /) -> bytes: ...
+
+
 def row_error(text: str, max_text_chars: int) -> str:
     """Why a text cannot run ("" when it can); checked at ingest and again when a retried row runs."""
     if not text.strip():
@@ -48,37 +70,86 @@ def row_error(text: str, max_text_chars: int) -> str:
 
 
 def check_encoding(name: str) -> str:
-    """The codec name to read with; UTF-8 is read as utf-8-sig so a BOM is accepted."""
+    """The canonical name of a character encoding; IngestError for unknown codecs and non-text ones.
+
+    Python's codec registry also holds transforms (rot13, base64, hex, zlib, bz2: the last two
+    decompress, so a small upload could expand without bound); `_is_text_encoding` marks them.
+    """
     try:
-        canonical = codecs.lookup(name).name
-    except LookupError:
-        raise IngestError(f"unknown encoding {name!r}; use a Python codec name such as utf-8 or gbk") from None
-    return "utf-8-sig" if canonical in ("utf-8", "utf-8-sig") else canonical
+        info = codecs.lookup(name)
+    except (LookupError, ValueError, TypeError):
+        raise IngestError(f"unknown encoding {name!r}; use a character encoding such as {VALID_ENCODINGS}") from None
+    if getattr(info, "_is_text_encoding", True) is False or info.name in _NOT_CHARSETS:
+        raise IngestError(
+            f"encoding {name!r} is not a character encoding of text files; use one such as {VALID_ENCODINGS}"
+        )
+    return "utf-8" if info.name == "utf-8-sig" else info.name
+
+
+def codec_for(head: bytes, encoding: str) -> tuple[str, int]:
+    """(codec to decode with, bytes of byte-order mark to skip) for a file starting with `head`.
+
+    A byte-order mark wins over the encoding given (an uploader rarely knows, and the mark does not
+    lie). Without one, utf-16 and utf-32 cannot know the byte order: a clear error, not a guess.
+    """
+    for bom, codec in _BOMS:
+        if head.startswith(bom):
+            return codec, len(bom)
+    if encoding in ("utf-16", "utf-32"):
+        raise IngestError(
+            f"encoding {encoding!r} needs a byte-order mark (BOM) at the start of the file and this file has none; "
+            f"say {encoding}-le or {encoding}-be"
+        )
+    return encoding, 0
 
 
 class _Lines:
-    """Decoded lines of a binary file, counting physical lines for error messages."""
+    """Decoded lines of a binary file (each ending in "\\n" but the last), counting lines for error messages."""
 
-    def __init__(self, binary: IO[bytes], encoding: str) -> None:
-        self.binary, self.encoding = binary, encoding
-        self.decoder = codecs.getincrementaldecoder(encoding)(errors="strict")
+    def __init__(self, binary: Readable, encoding: str) -> None:
+        self.binary = binary
+        self.first = binary.read(BLOCK_BYTES)
+        self.codec, skip = codec_for(self.first, encoding)
+        self.first = self.first[skip:]
+        self.decoder = codecs.getincrementaldecoder(self.codec)(errors="strict")
         self.line_no = 0
 
     def __iter__(self) -> Iterator[str]:
-        for raw in self.binary:
-            self.line_no += 1
+        partial: list[str] = []  # the current line so far (a list: a huge line must not be copied per block)
+        block = self.first
+        while True:
+            final = not block
             try:
-                yield self.decoder.decode(raw)
+                text = self.decoder.decode(block, final=final)
             except UnicodeDecodeError as exc:
-                bad = raw[exc.start : exc.start + 1].hex()
-                shown = self.encoding.replace("utf-8-sig", "utf-8")
-                raise IngestError(
-                    f"line {self.line_no}: byte 0x{bad} at column {exc.start + 1} is not valid {shown} ({exc.reason}); "
-                    "if the file uses another encoding, say so with the `encoding` field (for example gbk or latin-1)"
-                ) from None
-        tail = self.decoder.decode(b"", final=True)
-        if tail:
-            yield tail
+                raise self._error(exc, "".join(partial)) from None
+            except UnicodeError as exc:  # a codec's own complaint without a position
+                raise IngestError(f"the file does not decode as {self.codec}: {exc}") from None
+            if "\n" in text:
+                pieces = text.split("\n")
+                pieces[0] = "".join(partial) + pieces[0]
+                partial = [pieces.pop()] if pieces[-1] else []
+                for line in pieces:
+                    self.line_no += 1
+                    yield line + "\n"
+            elif text:
+                partial.append(text)
+            if final:
+                break
+            block = self.binary.read(BLOCK_BYTES)
+        if partial:
+            self.line_no += 1
+            yield "".join(partial)
+
+    def _error(self, exc: UnicodeDecodeError, partial: str) -> IngestError:
+        before = partial + exc.object[: exc.start].decode(self.codec, errors="replace")
+        line = self.line_no + 1 + before.count("\n")
+        column = len(before) - before.rfind("\n")
+        bad = exc.object[exc.start : exc.start + 1].hex()
+        return IngestError(
+            f"line {line}: byte 0x{bad} at column {column} is not valid {self.codec} ({exc.reason}); "
+            "if the file uses another encoding, say so with the `encoding` field (for example gbk or latin-1)"
+        )
 
 
 def pick_delimiter(header_line: str, given: str | None) -> str:
@@ -93,24 +164,34 @@ def pick_delimiter(header_line: str, given: str | None) -> str:
     return best if counts[best] else ","
 
 
+Row = tuple[int, str, str, str]  # index, external id, text, row error
+
+
+class CsvRows(NamedTuple):
+    delimiter: str
+    encoding: str  # the codec actually used (a byte-order mark may have chosen it)
+    rows: Iterator[Row]
+
+
+def _clean(cell: str) -> str:
+    # PostgreSQL text cannot hold NUL; they appear when a UTF-16 file is read as UTF-8.
+    return cell.replace("\x00", "") if "\x00" in cell else cell
+
+
 def read_rows(
-    binary: IO[bytes], *, encoding: str, text_column: str, id_column: str, delimiter: str | None, limits: IngestLimits
-) -> tuple[str, Iterator[tuple[int, str, str, str]]]:
-    """(delimiter, iterator of (index, external id, text, row error)). Header problems raise at once."""
-    lines = iter(_Lines(binary, encoding))
+    binary: Readable, *, encoding: str, text_column: str, id_column: str, delimiter: str | None, limits: IngestLimits
+) -> CsvRows:
+    """The file's rows, lazily; header problems raise at once, later ones while iterating."""
+    source = _Lines(binary, encoding)
+    lines = iter(source)
     first = next(lines, None)
     while first is not None and not first.strip():
         first = next(lines, None)
     if first is None:
         raise IngestError("the file is empty")
     chosen = pick_delimiter(first, delimiter)
-
-    def all_lines() -> Iterator[str]:
-        yield first
-        yield from lines
-
-    reader = csv.reader(all_lines(), delimiter=chosen)
-    header = [name.strip() for name in next(reader)]
+    reader = csv.reader(itertools.chain([first], lines), delimiter=chosen)
+    header = [_clean(name).strip() for name in next(reader)]
     if text_column not in header:
         raise IngestError(
             f"text column {text_column!r} not found; the {_DELIMITER_NAMES[chosen]}-separated header has: "
@@ -121,7 +202,7 @@ def read_rows(
     text_at = header.index(text_column)
     id_at = header.index(id_column) if id_column else None
 
-    def rows() -> Iterator[tuple[int, str, str, str]]:
+    def rows() -> Iterator[Row]:
         index = 0
         try:
             for record in reader:
@@ -129,54 +210,32 @@ def read_rows(
                     continue  # a blank line; a line holding an empty quoted cell is an empty text
                 if index >= limits.max_rows:
                     raise IngestError(f"the file has more than {limits.max_rows} data rows, the limit per job")
-                text = record[text_at] if text_at < len(record) else ""
-                external_id = record[id_at] if id_at is not None and id_at < len(record) else ""
+                text = _clean(record[text_at]) if text_at < len(record) else ""
+                external_id = _clean(record[id_at]) if id_at is not None and id_at < len(record) else ""
                 error = row_error(text, limits.max_text_chars)
                 # One character past the limit is kept, so a retried row fails the same check again.
                 yield index, external_id[:255], text[: limits.max_text_chars + 1], error
                 index += 1
         except csv.Error as exc:
-            raise IngestError(f"line {reader.line_num}: malformed CSV ({exc})") from None
+            raise IngestError(f"line {source.line_no}: malformed CSV ({exc})") from None
         if index == 0:
             raise IngestError("the file has a header but no data rows")
 
-    return chosen, rows()
+    return CsvRows(chosen, source.codec, rows())
 
 
-def ingest(job: Job, binary: IO[bytes], *, delimiter: str | None, limits: IngestLimits) -> list[Chunk]:
-    """Fill `job` with rows and chunks from `binary`, in committed bulk batches; returns the chunks.
-
-    On IngestError the caller deletes the job (its rows go with it), so nothing half-made remains.
-    """
-    chosen, rows = read_rows(
+def preflight(
+    binary: IO[bytes], *, encoding: str, text_column: str, id_column: str, delimiter: str | None, limits: IngestLimits
+) -> CsvRows:
+    """Check the header and the first PREFLIGHT_ROWS rows (and the first block's bytes); the rows are consumed."""
+    parsed = read_rows(
         binary,
-        encoding=job.encoding,
-        text_column=job.text_column,
-        id_column=job.id_column,
+        encoding=check_encoding(encoding),
+        text_column=text_column,
+        id_column=id_column,
         delimiter=delimiter,
         limits=limits,
     )
-    batch: list[JobRow] = []
-    total = 0
-    for index, external_id, text, error in rows:
-        status = RowStatus.FAILED if error else RowStatus.PENDING
-        batch.append(JobRow(job=job, index=index, external_id=external_id, text=text, status=status, error=error))
-        if len(batch) >= limits.batch_rows:
-            JobRow.objects.bulk_create(batch)
-            total += len(batch)
-            batch = []
-    if batch:
-        JobRow.objects.bulk_create(batch)
-        total += len(batch)
-    chunks = [
-        Chunk(job=job, first_index=start, end_index=min(start + limits.chunk_rows, total), enqueued_at=timezone.now())
-        for start in range(0, total, limits.chunk_rows)
-    ]
-    with transaction.atomic():
-        Chunk.objects.bulk_create(chunks)
-        job.total_rows = total
-        job.delimiter = chosen
-        job.status = JobStatus.QUEUED
-        job.save(update_fields=["total_rows", "delimiter", "status"])
-        job.refresh_counts()
-    return list(job.chunks.all())
+    for _ in itertools.islice(parsed.rows, PREFLIGHT_ROWS):
+        pass
+    return parsed

@@ -1,8 +1,13 @@
-"""What happens to a job between upload and its end: create, enqueue, cancel, retry, finish."""
+"""What happens to a job between upload and its end: create, ingest, enqueue, cancel, retry, finish.
+
+Status changes themselves are the models' transition methods (jobs/models.py); this module decides
+when to call them and sends the messages that follow.
+"""
 
 from __future__ import annotations
 
-import bisect
+import itertools
+import logging
 from collections.abc import Iterable
 from typing import IO
 
@@ -11,8 +16,12 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.ingest import IngestLimits, check_encoding, ingest
-from jobs.models import TERMINAL, Chunk, ChunkStatus, Job, JobRow, JobStatus, RowStatus
+from jobs.ingest import IngestError, IngestLimits, preflight, read_rows
+from jobs.models import Chunk, Job, JobRow, JobStatus, RowStatus, UploadPart
+
+logger = logging.getLogger(__name__)
+# Bytes per stored slice of an upload: one row each, read back one at a time by the ingest task.
+UPLOAD_PART_BYTES = 1024 * 1024
 
 
 def ingest_limits() -> IngestLimits:
@@ -35,23 +44,163 @@ def create_job(
     encoding: str = "utf-8",
     delimiter: str | None = None,
 ) -> Job:
-    """Read the CSV into a new job and queue its chunks; on a bad file raise IngestError and leave nothing."""
-    job = Job.objects.create(
-        owner=owner,
-        model=model,
-        filename=filename[:255],
+    """Check the file's start, store it and queue its ingest; the job answers `ingesting`.
+
+    The checks that need only the header and the first rows raise IngestError here, before anything
+    is created; problems further into the file fail the job later with the same messages.
+    """
+    checked = preflight(
+        upload,
+        encoding=encoding,
         text_column=text_column,
         id_column=id_column,
-        encoding=check_encoding(encoding),
-        status=JobStatus.INGESTING,
+        delimiter=delimiter,
+        limits=ingest_limits(),
     )
-    try:
-        chunks = ingest(job, upload, delimiter=delimiter, limits=ingest_limits())
-    except BaseException:  # IngestError above all, but nothing half-made survives any failure
-        job.delete()
-        raise
-    enqueue(chunks)
+    upload.seek(0)
+    with transaction.atomic():
+        job = Job.objects.create(
+            owner=owner,
+            model=model,
+            filename=filename[:255],
+            text_column=text_column,
+            id_column=id_column,
+            encoding=checked.encoding,
+            delimiter=checked.delimiter,
+            status=JobStatus.INGESTING,
+            ingest_progress_at=timezone.now(),
+        )
+        job.upload_bytes = store_upload(job, upload)
+        Job.objects.filter(pk=job.pk).update(upload_bytes=job.upload_bytes)
+        enqueue_ingest(job.pk)
     return job
+
+
+def store_upload(job: Job, upload: IO[bytes]) -> int:
+    """Copy the upload into the database in slices; its size in bytes."""
+    size = 0
+    for seq in itertools.count():
+        block = upload.read(UPLOAD_PART_BYTES)
+        if not block:
+            break
+        UploadPart.objects.create(job=job, seq=seq, data=block)
+        size += len(block)
+    return size
+
+
+def enqueue_ingest(job_id: int) -> None:
+    from jobs.tasks import ingest_upload  # the task module imports this one
+
+    transaction.on_commit(lambda: ingest_upload.apply_async(kwargs={"job_id": job_id}))
+
+
+class UploadGone(Exception):
+    """The stored upload disappeared while being read: the job was cancelled or failed meanwhile."""
+
+
+class StoredUpload:
+    """The stored slices of a job's upload, read back in order as one binary stream."""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+        self.parts = UploadPart.objects.filter(job_id=job_id).count()
+        self.seq = 0
+        self.part = b""
+        self.offset = 0  # into self.part
+        self.bytes_read = 0
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to `size` bytes (fewer only at the end of the upload); b"" at the end."""
+        wanted = size if size >= 0 else 1 << 62
+        out: list[bytes] = []
+        got = 0
+        while got < wanted:
+            if self.offset >= len(self.part):
+                if self.seq >= self.parts:
+                    break
+                data = (
+                    UploadPart.objects.filter(job_id=self.job_id, seq=self.seq).values_list("data", flat=True).first()
+                )
+                if data is None:
+                    raise UploadGone
+                self.part, self.offset, self.seq = bytes(data), 0, self.seq + 1
+            piece = self.part[self.offset : self.offset + wanted - got]
+            self.offset += len(piece)
+            got += len(piece)
+            out.append(piece)
+        self.bytes_read += got
+        return b"".join(out)
+
+
+class _Stop(Exception):
+    """This worker no longer holds the ingest (cancelled, failed, or claimed by another)."""
+
+
+def run_ingest(job_id: int) -> None:
+    """Read a job's stored upload into rows and chunks, then queue the chunks (in an offline worker).
+
+    Rows go in committed batches with progress noted after each; a worker that dies leaves the job
+    `ingesting`, and the reconciler queues the ingest again, which starts over. A file problem fails
+    the job with the message a 400 would have carried.
+    """
+    job = Job.claim_ingest(job_id, settings.JOBS_STALL_S)
+    if job is None:
+        return  # ingested, cancelled, or another worker is on it: a duplicate message
+    limits = ingest_limits()
+    JobRow.objects.filter(job=job).delete()  # what an interrupted earlier attempt wrote
+    upload = StoredUpload(job.pk)
+    try:
+        total = _write_rows(job, upload, limits)
+        now = timezone.now()
+        chunks = [
+            Chunk(job=job, first_index=start, end_index=min(start + limits.chunk_rows, total), enqueued_at=now)
+            for start in range(0, total, limits.chunk_rows)
+        ]
+        with transaction.atomic():
+            Chunk.objects.bulk_create(chunks)
+            if not job.queue(total):
+                raise _Stop
+            UploadPart.objects.filter(job=job).delete()
+            job.refresh_counts()
+            enqueue(list(job.chunks.all()))
+    except IngestError as error:
+        JobRow.objects.filter(job=job).delete()
+        job.fail(error.message)
+    except (_Stop, UploadGone):
+        job.refresh_from_db()
+        if job.status == JobStatus.CANCELLED:
+            JobRow.objects.filter(job=job).delete()  # nothing ran: the cancelled job keeps no half-read rows
+        logger.info("ingest of job %s stopped: the job is %s", job.pk, job.status)
+
+
+def _write_rows(job: Job, upload: StoredUpload, limits: IngestLimits) -> int:
+    parsed = read_rows(
+        upload,
+        encoding=job.encoding,
+        text_column=job.text_column,
+        id_column=job.id_column,
+        delimiter=job.delimiter,
+        limits=limits,
+    )
+    batch: list[JobRow] = []
+    total = 0
+    for index, external_id, text, error in parsed.rows:
+        status = RowStatus.FAILED if error else RowStatus.PENDING
+        batch.append(JobRow(job=job, index=index, external_id=external_id, text=text, status=status, error=error))
+        if len(batch) >= limits.batch_rows:
+            total = _flush(job, batch, total, upload)
+            batch = []
+    if batch:
+        total = _flush(job, batch, total, upload)
+    return total
+
+
+def _flush(job: Job, batch: list[JobRow], total: int, upload: StoredUpload) -> int:
+    JobRow.objects.bulk_create(batch)
+    total += len(batch)
+    if not job.record_ingest(total, upload.bytes_read):
+        raise _Stop
+    return total
 
 
 def enqueue(chunks: Iterable[Chunk]) -> None:
@@ -69,68 +218,24 @@ def enqueue(chunks: Iterable[Chunk]) -> None:
 
 def cancel(job: Job) -> bool:
     """Stop a job: remaining chunks are not run, rows done so far are kept. False if it had already ended."""
-    with transaction.atomic():
-        updated = (
-            Job.objects.filter(pk=job.pk)
-            .exclude(status__in=TERMINAL)
-            .update(status=JobStatus.CANCELLED, finished_at=timezone.now())
-        )
-        if not updated:
-            return False
-        job.chunks.exclude(status=ChunkStatus.DONE).update(status=ChunkStatus.CANCELLED)
-        job.rows.filter(status=RowStatus.PENDING).update(status=RowStatus.CANCELLED)
-    job.refresh_from_db()
-    job.refresh_counts()
-    return True
+    return job.cancel()
 
 
 def retry_failed(job: Job) -> int:
     """Re-run only the failed rows of an ended job; returns how many rows were queued again."""
-    with transaction.atomic():
-        job = Job.objects.select_for_update().get(pk=job.pk)
-        if not job.is_terminal:
-            return 0
-        failed = list(job.rows.filter(status=RowStatus.FAILED).values_list("index", flat=True))
-        if not failed:
-            return 0
-        job.rows.filter(status=RowStatus.FAILED).update(status=RowStatus.PENDING, error="")
-        # Chunks are contiguous ranges sorted by first index: find each failed row's chunk by bisection
-        # rather than one OR-ed range condition per row (a query that grows with the failures).
-        all_chunks = list(job.chunks.order_by("first_index"))
-        starts = [c.first_index for c in all_chunks]
-        chunks = [all_chunks[i] for i in sorted({bisect.bisect_right(starts, index) - 1 for index in failed})]
-        Chunk.objects.filter(pk__in=[c.pk for c in chunks]).update(
-            status=ChunkStatus.QUEUED, enqueued_at=timezone.now(), progress_at=None
-        )
-        job.status, job.finished_at, job.error = JobStatus.QUEUED, None, ""
-        job.save(update_fields=["status", "finished_at", "error"])
-        job.refresh_counts()
+    requeued, chunks = job.requeue_failed()
+    if chunks:
         enqueue(chunks)
-    return len(failed)
+    return requeued
 
 
 def finish_if_done(job_id: int) -> None:
     """Give a job its terminal status once no chunk is left to run."""
-    job = Job.objects.get(pk=job_id)
-    if job.is_terminal or job.chunks.filter(status__in=[ChunkStatus.QUEUED, ChunkStatus.RUNNING]).exists():
-        return
-    job.refresh_counts()
-    if job.failed_rows == 0:
-        status = JobStatus.SUCCEEDED
-    elif job.done_rows == 0:
-        status = JobStatus.FAILED
-    else:
-        status = JobStatus.PARTIAL
-    error = f"{job.failed_rows} of {job.total_rows} rows failed" if job.failed_rows else ""
-    Job.objects.filter(pk=job.pk).exclude(status__in=TERMINAL).update(
-        status=status, finished_at=timezone.now(), error=error
-    )
+    Job.objects.get(pk=job_id).finish()
 
 
 def mark_started(job_ids: Iterable[int]) -> None:
-    ids = list(job_ids)
-    Job.objects.filter(pk__in=ids, started_at__isnull=True).update(started_at=timezone.now())
-    Job.objects.filter(pk__in=ids, status=JobStatus.QUEUED).update(status=JobStatus.RUNNING)
+    Job.start(job_ids)
 
 
 def rows_of(chunks: Iterable[Chunk]) -> Q:

@@ -1,10 +1,20 @@
-"""Offline jobs: the job row is the record of truth; Redis only carries chunk ids to workers."""
+"""Offline jobs: the job row is the record of truth; Redis only carries chunk and job ids to workers.
+
+Job, chunk and row statuses change only through the transition methods here (as NetBox's
+`Job.start()` / `Job.terminate()`): each is a conditional UPDATE, or a short transaction that locks
+the job first, naming the states it may move from, so of two processes racing over a job exactly one
+wins. Callers (ingest, lifecycle, runner, reconciler) decide when to move; these methods decide
+whether the move still holds.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from datetime import timedelta
+
 from django.conf import settings
-from django.db import models
-from django.db.models import Count, Q
+from django.db import models, transaction
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
 
@@ -20,6 +30,8 @@ class JobStatus(models.TextChoices):
 
 
 TERMINAL = (JobStatus.SUCCEEDED, JobStatus.PARTIAL, JobStatus.FAILED, JobStatus.CANCELLED)
+# Statuses in which a job's rows may still be written with results.
+RUNNABLE = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
 class Job(models.Model):
@@ -41,6 +53,17 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     rows_per_s = models.FloatField(default=0.0)
     error = models.TextField(blank=True)
+    # Ingest runs in an offline worker from the stored upload; these say how far it got.
+    upload_bytes = models.PositiveBigIntegerField(default=0)
+    ingested_bytes = models.PositiveBigIntegerField(default=0)
+    ingested_rows = models.PositiveIntegerField(default=0)
+    # Each claim of the ingest increments this; a worker writes only while it holds the latest claim,
+    # so a slow worker whose ingest was given to another cannot write over it.
+    ingest_attempts = models.PositiveSmallIntegerField(default=0)
+    ingest_claimed_at = models.DateTimeField(null=True, blank=True)
+    # Last sign of life of the ingest (created, enqueued, claimed, a batch of rows written): the
+    # reconciler re-enqueues an ingest silent for JOBS_STALL_S.
+    ingest_progress_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -56,6 +79,13 @@ class Job(models.Model):
     def progress(self) -> float:
         """Fraction of rows finished, done or failed."""
         return (self.done_rows + self.failed_rows) / self.total_rows if self.total_rows else 0.0
+
+    @property
+    def ingest_progress(self) -> float:
+        """Fraction of the upload read into rows (1.0 once ingest is over)."""
+        if self.status != JobStatus.INGESTING:
+            return 1.0
+        return min(self.ingested_bytes / self.upload_bytes, 1.0) if self.upload_bytes else 0.0
 
     @property
     def eta_s(self) -> float | None:
@@ -76,12 +106,171 @@ class Job(models.Model):
         Job.objects.filter(pk=self.pk).update(done_rows=counts["done"], failed_rows=counts["failed"], rows_per_s=rate)
         self.done_rows, self.failed_rows, self.rows_per_s = counts["done"], counts["failed"], rate
 
+    # Transitions -------------------------------------------------------------------------------
+
+    def _move(self, allowed: Iterable[str], **fields) -> bool:
+        """UPDATE this job WHERE its status is one of `allowed`; on success mirror the fields here."""
+        moved = bool(Job.objects.filter(pk=self.pk, status__in=list(allowed)).update(**fields))
+        if moved:
+            for name, value in fields.items():
+                setattr(self, name, value)
+        return moved
+
+    @classmethod
+    def claim_ingest(cls, job_id: int, stall_s: float) -> Job | None:
+        """Take the job's ingest unless a live worker holds it: unclaimed, or its holder silent for stall_s."""
+        now = timezone.now()
+        claimable = Q(ingest_claimed_at__isnull=True) | Q(ingest_progress_at__lt=now - timedelta(seconds=stall_s))
+        taken = cls.objects.filter(claimable, pk=job_id, status=JobStatus.INGESTING).update(
+            ingest_attempts=F("ingest_attempts") + 1, ingest_claimed_at=now, ingest_progress_at=now
+        )
+        return cls.objects.get(pk=job_id) if taken else None
+
+    def record_ingest(self, rows: int, bytes_read: int) -> bool:
+        """Note ingest progress; False when this worker should stop (cancelled, or the ingest was re-claimed)."""
+        return bool(
+            Job.objects.filter(pk=self.pk, status=JobStatus.INGESTING, ingest_attempts=self.ingest_attempts).update(
+                ingested_rows=rows, ingested_bytes=bytes_read, ingest_progress_at=timezone.now()
+            )
+        )
+
+    def queue(self, total_rows: int) -> bool:
+        """INGESTING -> QUEUED once every row and chunk is written (by the worker holding the claim)."""
+        moved = bool(
+            Job.objects.filter(pk=self.pk, status=JobStatus.INGESTING, ingest_attempts=self.ingest_attempts).update(
+                status=JobStatus.QUEUED,
+                total_rows=total_rows,
+                ingested_rows=total_rows,
+                ingested_bytes=self.upload_bytes,
+                ingest_progress_at=timezone.now(),
+            )
+        )
+        if moved:
+            self.status, self.total_rows, self.ingested_rows = JobStatus.QUEUED, total_rows, total_rows
+        return moved
+
+    def requeue_ingest(self) -> bool:
+        """Let a new worker claim a stalled ingest (its message or its worker was lost)."""
+        return self._move([JobStatus.INGESTING], ingest_claimed_at=None, ingest_progress_at=timezone.now())
+
+    def fail(self, error: str) -> bool:
+        """Any live status -> FAILED with a message for the uploader (the file turned out unusable)."""
+        with transaction.atomic():
+            moved = self._move(
+                [s for s in JobStatus.values if s not in TERMINAL],
+                status=JobStatus.FAILED,
+                error=error,
+                finished_at=timezone.now(),
+            )
+            if moved:
+                self.upload_parts.all().delete()
+        return moved
+
+    @classmethod
+    def start(cls, job_ids: Iterable[int]) -> None:
+        """QUEUED -> RUNNING when a worker first takes one of the job's chunks."""
+        ids = list(job_ids)
+        cls.objects.filter(pk__in=ids, started_at__isnull=True).update(started_at=timezone.now())
+        cls.objects.filter(pk__in=ids, status=JobStatus.QUEUED).update(status=JobStatus.RUNNING)
+
+    def cancel(self) -> bool:
+        """Stop the job: remaining chunks and rows are cancelled, rows done so far are kept. False if it had ended.
+
+        The job row is locked first, and result writes lock it too (JobRow.objects.complete), so a pass
+        that finishes after the cancel commits writes nothing: the export then equals the counts.
+        """
+        with transaction.atomic():
+            job = Job.objects.select_for_update().filter(pk=self.pk).exclude(status__in=TERMINAL).first()
+            if job is None:
+                return False
+            now = timezone.now()
+            Job.objects.filter(pk=self.pk).update(status=JobStatus.CANCELLED, finished_at=now)
+            self.chunks.exclude(status=ChunkStatus.DONE).update(status=ChunkStatus.CANCELLED)
+            self.rows.filter(status=RowStatus.PENDING).update(status=RowStatus.CANCELLED)
+            self.upload_parts.all().delete()  # an ingest in progress stops at its next read
+        self.refresh_from_db()
+        self.refresh_counts()
+        return True
+
+    def finish(self) -> bool:
+        """QUEUED/RUNNING -> SUCCEEDED, PARTIAL or FAILED once no chunk is left to run."""
+        if self.chunks.filter(status__in=[ChunkStatus.QUEUED, ChunkStatus.RUNNING]).exists():
+            return False
+        self.refresh_counts()
+        if self.failed_rows == 0:
+            status = JobStatus.SUCCEEDED
+        elif self.done_rows == 0:
+            status = JobStatus.FAILED
+        else:
+            status = JobStatus.PARTIAL
+        error = f"{self.failed_rows} of {self.total_rows} rows failed" if self.failed_rows else ""
+        return self._move(RUNNABLE, status=status, finished_at=timezone.now(), error=error)
+
+    def requeue_failed(self) -> tuple[int, list[Chunk]]:
+        """An ended job's failed rows -> PENDING, their chunks -> QUEUED, the job -> QUEUED.
+
+        Returns (rows requeued, chunks to enqueue); (0, []) if the job is live or has no failed rows.
+        """
+        import bisect
+
+        with transaction.atomic():
+            job = Job.objects.select_for_update().get(pk=self.pk)
+            if not job.is_terminal:
+                return 0, []
+            failed = list(job.rows.filter(status=RowStatus.FAILED).values_list("index", flat=True))
+            if not failed:
+                return 0, []
+            job.rows.filter(status=RowStatus.FAILED).update(status=RowStatus.PENDING, error="")
+            # Chunks are contiguous ranges sorted by first index: find each failed row's chunk by bisection
+            # rather than one OR-ed range condition per row (a query that grows with the failures).
+            all_chunks = list(job.chunks.order_by("first_index"))
+            starts = [c.first_index for c in all_chunks]
+            chunks = [all_chunks[i] for i in sorted({bisect.bisect_right(starts, index) - 1 for index in failed})]
+            Chunk.objects.filter(pk__in=[c.pk for c in chunks]).update(
+                status=ChunkStatus.QUEUED, enqueued_at=timezone.now(), progress_at=None
+            )
+            Job.objects.filter(pk=job.pk).update(status=JobStatus.QUEUED, finished_at=None, error="")
+            job.refresh_counts()
+        self.refresh_from_db()
+        return len(failed), chunks
+
 
 class RowStatus(models.TextChoices):
     PENDING = "pending"
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
+
+
+class JobRowQuerySet(models.QuerySet):
+    def _write(self, rows: list[JobRow], fields: list[str]) -> set[int]:
+        """Write `fields` of those rows still PENDING whose job is still runnable; the ids of jobs that are not.
+
+        One short transaction that locks the jobs (PostgreSQL: SELECT ... FOR UPDATE; SQLite: the
+        IMMEDIATE transaction takes the database's write lock), against Job.cancel doing the same: a
+        cancel that commits first wins, and one that commits after sees these rows done and counts them.
+        """
+        job_ids = {row.job_id for row in rows}
+        if not job_ids:
+            return set()
+        with transaction.atomic():
+            live = set(
+                Job.objects.select_for_update()
+                .filter(pk__in=job_ids, status__in=RUNNABLE)
+                .order_by("pk")  # one lock order for every writer: no deadlocks between them
+                .values_list("pk", flat=True)
+            )
+            writable = [row for row in rows if row.job_id in live]
+            self.filter(status=RowStatus.PENDING).bulk_update(writable, fields, batch_size=500)
+        return job_ids - live
+
+    def complete(self, rows: list[JobRow], fields: list[str]) -> set[int]:
+        """PENDING -> DONE with the model's output (set on the objects); returns the jobs no longer running."""
+        return self._write(rows, fields)
+
+    def fail(self, rows: list[JobRow]) -> set[int]:
+        """PENDING -> FAILED with the error set on each object; returns the jobs no longer running."""
+        return self._write(rows, ["status", "error", "attempts"])
 
 
 class JobRow(models.Model):
@@ -104,6 +293,8 @@ class JobRow(models.Model):
     )
     reviewed_at = models.DateTimeField(null=True, blank=True)
 
+    objects = JobRowQuerySet.as_manager()
+
     class Meta:
         ordering = ["job", "index"]
         constraints = [models.UniqueConstraint(fields=["job", "index"], name="unique_row_index_per_job")]
@@ -120,6 +311,47 @@ class ChunkStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+class ChunkQuerySet(models.QuerySet):
+    def claim(self, chunk_ids: list[int], stall_s: float) -> list[Chunk]:
+        """QUEUED (or RUNNING but silent for stall_s: its worker died) -> RUNNING, one chunk at a time.
+
+        A chunk claimed by someone else, done, cancelled, or of a cancelled job is skipped, so a
+        redelivered duplicate message does nothing.
+        """
+        now = timezone.now()
+        claimable = Q(status=ChunkStatus.QUEUED) | Q(
+            status=ChunkStatus.RUNNING, progress_at__lt=now - timedelta(seconds=stall_s)
+        )
+        claimed = [
+            chunk_id
+            for chunk_id in chunk_ids
+            if self.filter(claimable, pk=chunk_id)
+            .exclude(job__status=JobStatus.CANCELLED)
+            .update(status=ChunkStatus.RUNNING, progress_at=now, attempts=F("attempts") + 1)
+        ]
+        return list(self.filter(pk__in=claimed).select_related("job"))
+
+    def touch(self, chunk_ids: list[int]) -> None:
+        """A worker is still making progress on these running chunks."""
+        self.filter(pk__in=chunk_ids, status=ChunkStatus.RUNNING).update(progress_at=timezone.now())
+
+    def complete(self, chunk_ids: list[int]) -> None:
+        """RUNNING -> DONE (a cancelled chunk stays cancelled)."""
+        self.filter(pk__in=chunk_ids, status=ChunkStatus.RUNNING).update(
+            status=ChunkStatus.DONE, progress_at=timezone.now()
+        )
+
+    def requeue(self, chunk_ids: list[int]) -> None:
+        """RUNNING -> QUEUED: the worker holding them died; claimable again at once."""
+        self.filter(pk__in=chunk_ids, status=ChunkStatus.RUNNING).update(
+            status=ChunkStatus.QUEUED, enqueued_at=timezone.now()
+        )
+
+    def resend(self, chunk_ids: list[int]) -> None:
+        """QUEUED chunks whose messages are being sent again (the broker lost them)."""
+        self.filter(pk__in=chunk_ids, status=ChunkStatus.QUEUED).update(enqueued_at=timezone.now())
+
+
 class Chunk(models.Model):
     """A range of rows that travels to a worker as one message: progress, retries and redelivery are per chunk."""
 
@@ -133,6 +365,8 @@ class Chunk(models.Model):
     # that are queued or running with no progress for longer than JOBS_STALL_S.
     progress_at = models.DateTimeField(null=True, blank=True, db_index=True)
 
+    objects = ChunkQuerySet.as_manager()
+
     class Meta:
         ordering = ["job", "first_index"]
 
@@ -142,3 +376,23 @@ class Chunk(models.Model):
     @property
     def size(self) -> int:
         return self.end_index - self.first_index
+
+
+class UploadPart(models.Model):
+    """A slice of an uploaded CSV, kept until the job's ingest has read it.
+
+    Stored in the database rather than on disk because web and workers may run on different hosts
+    (docker-compose gives them no shared volume), and the database is already shared by all of them.
+    Bounded by JOBS_MAX_UPLOAD_BYTES, and deleted once ingest ends, fails or the job is cancelled.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="upload_parts")
+    seq = models.PositiveIntegerField()
+    data = models.BinaryField()
+
+    class Meta:
+        ordering = ["job", "seq"]
+        constraints = [models.UniqueConstraint(fields=["job", "seq"], name="unique_upload_part_per_job")]
+
+    def __str__(self) -> str:
+        return f"part {self.seq} of job {self.job_id}'s upload"

@@ -10,13 +10,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import redis
 from django.conf import settings
-from django.db.models import F, Q
-from django.utils import timezone
 
 from inference import runtime
 from inference.admission import online_in_flight
@@ -24,7 +21,7 @@ from inference.batching import group_by
 from inference.registry import get_registry
 from jobs import lifecycle
 from jobs.ingest import row_error
-from jobs.models import Chunk, ChunkStatus, Job, JobRow, JobStatus, RowStatus
+from jobs.models import RUNNABLE, Chunk, Job, JobRow, RowStatus
 from platform_ import metrics
 from platform_.redis import get_redis
 
@@ -36,18 +33,7 @@ _ROW_FIELDS = ["status", "label", "score", "output", "error", "attempts", "low_c
 
 def claim(chunk_ids: list[int], stall_s: float) -> list[Chunk]:
     """Take the chunks no one else is working on: queued, or running but silent for stall_s (its worker died)."""
-    now = timezone.now()
-    claimable = Q(status=ChunkStatus.QUEUED) | Q(
-        status=ChunkStatus.RUNNING, progress_at__lt=now - timedelta(seconds=stall_s)
-    )
-    claimed = [
-        chunk_id
-        for chunk_id in chunk_ids
-        if Chunk.objects.filter(claimable, pk=chunk_id)
-        .exclude(job__status=JobStatus.CANCELLED)
-        .update(status=ChunkStatus.RUNNING, progress_at=now, attempts=F("attempts") + 1)
-    ]
-    return list(Chunk.objects.filter(pk__in=claimed).select_related("job"))
+    return Chunk.objects.claim(chunk_ids, stall_s)
 
 
 class _AllCancelled(Exception):
@@ -79,34 +65,33 @@ class ResultWriter:
             row.attempts += 1
             updates.append(row)
             self.written.add(i)
-        JobRow.objects.bulk_update(updates, _ROW_FIELDS, batch_size=500)
+        # Written only if the job is still running: a cancel that committed first wins, and the
+        # writer learns of it now rather than at the next progress check.
+        self.cancelled |= JobRow.objects.complete(updates, _ROW_FIELDS)
+        written = sum(1 for row in updates if row.job_id not in self.cancelled)
         done = passes[indices[0]]
-        metrics.record(
-            get_redis(), {f"orows|{self.model}": len(updates), f"oinfer_s|{self.model}": done.end - done.start}
-        )
+        metrics.record(get_redis(), {f"orows|{self.model}": written, f"oinfer_s|{self.model}": done.end - done.start})
         if time.monotonic() - self._last_progress >= _PROGRESS_EVERY_S:
             self.progress()
 
     def progress(self) -> None:
         self._last_progress = time.monotonic()
-        Chunk.objects.filter(pk__in=[c.pk for c in self.chunks], status=ChunkStatus.RUNNING).update(
-            progress_at=timezone.now()
-        )
+        Chunk.objects.touch([c.pk for c in self.chunks])
         for job in Job.objects.filter(pk__in=self.job_ids):
-            if job.status == JobStatus.CANCELLED:
+            if job.status not in RUNNABLE:
                 self.cancelled.add(job.pk)
             else:
                 job.refresh_counts()
 
     def all_cancelled(self) -> bool:
-        """Whether every job in the batch was cancelled (as of the last progress check, every 2 s)."""
+        """Whether every job in the batch was cancelled (as of the last write or progress check)."""
         return self.cancelled.issuperset(self.job_ids)
 
     def fail_the_rest(self, error: str) -> None:
         failed = [row for i, row in enumerate(self.rows) if i not in self.written]
         for row in failed:
             row.status, row.error, row.attempts = RowStatus.FAILED, error[:500], row.attempts + 1
-        JobRow.objects.bulk_update(failed, ["status", "error", "attempts"], batch_size=500)
+        self.cancelled |= JobRow.objects.fail(failed)
 
 
 def yield_to_online(in_flight: Callable[[], int], max_wait_s: float, poll_s: float = 0.02) -> float:
@@ -164,7 +149,7 @@ def _run_model(model: str, chunk_ids: list[int]) -> None:
     chunks = claim(chunk_ids, settings.JOBS_STALL_S)
     if not chunks:
         return
-    lifecycle.mark_started(c.job_id for c in chunks)
+    Job.start(c.job_id for c in chunks)
     rows = lifecycle.pending_rows(chunks)
     invalid = []
     for row in rows:
@@ -172,7 +157,7 @@ def _run_model(model: str, chunk_ids: list[int]) -> None:
         if error:
             row.status, row.error, row.attempts = RowStatus.FAILED, error, row.attempts + 1
             invalid.append(row)
-    JobRow.objects.bulk_update(invalid, ["status", "error", "attempts"])
+    JobRow.objects.fail(invalid)
     rows = [row for row in rows if row.status == RowStatus.PENDING]
     spec = get_registry().get(model)
     threshold = (
@@ -193,14 +178,12 @@ def _run_model(model: str, chunk_ids: list[int]) -> None:
     except Exception as exc:  # the batch's rows must end failed, not pending forever
         logger.exception("offline batch of %d rows on %s failed", len(rows), model)
         writer.fail_the_rest(f"inference failed: {exc}")
-    Chunk.objects.filter(pk__in=[c.pk for c in chunks], status=ChunkStatus.RUNNING).update(
-        status=ChunkStatus.DONE, progress_at=timezone.now()
-    )
+    Chunk.objects.complete([c.pk for c in chunks])
     writer.progress()
-    for job_id in writer.job_ids:
-        lifecycle.finish_if_done(job_id)
+    for job in Job.objects.filter(pk__in=writer.job_ids):
+        job.finish()
 
 
 def requeue_lost(chunk_ids: list[int]) -> None:
     """A child died holding these chunks: make them claimable at once (their messages are requeued)."""
-    Chunk.objects.filter(pk__in=chunk_ids, status=ChunkStatus.RUNNING).update(status=ChunkStatus.QUEUED)
+    Chunk.objects.requeue(chunk_ids)

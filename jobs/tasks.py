@@ -1,4 +1,4 @@
-"""Celery tasks of the offline path (thin: the work is in jobs/runner.py and jobs/reconcile.py)."""
+"""Celery tasks of the offline path (thin: the work is in jobs/lifecycle.py, jobs/runner.py and jobs/reconcile.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from django.conf import settings
 
 from inference import worker_process
 from inference.batching import AdaptiveBatches
+from jobs.lifecycle import run_ingest
 from jobs.reconcile import reconcile
 from jobs.runner import requeue_lost, run_chunks
 from platform_.celery import app
@@ -37,6 +38,15 @@ class OfflineBatches(AdaptiveBatches):
 def run_chunk(requests: list[Any]) -> None:
     with worker_process.busy():
         run_chunks(requests)
+
+
+# A plain task on the offline queue, so the offline worker runs it without a flag of its own. Not
+# acks_late: a worker that dies mid-ingest leaves the job `ingesting` with stale progress, and the
+# reconciler queues the ingest again (which starts over from the stored upload).
+@app.task(name="jobs.ingest_upload", ignore_result=True, time_limit=settings.OFFLINE_TIME_LIMIT_S)
+def ingest_upload(job_id: int) -> None:
+    with worker_process.busy():
+        run_ingest(job_id)
 
 
 _reconciler: Periodic | None = None

@@ -10,10 +10,13 @@ from jobs.models import Job, JobRow
 
 
 class JobSerializer(serializers.ModelSerializer):
-    """A job with its progress, rate and ETA."""
+    """A job with its progress, rate and ETA (and, while `ingesting`, how much of the file is read)."""
 
     owner = serializers.CharField(source="owner.username", read_only=True)
     progress = serializers.FloatField(read_only=True)
+    ingest_progress = serializers.FloatField(
+        read_only=True, help_text="fraction of the upload read into rows; 1.0 once the job is past `ingesting`"
+    )
     eta_s = serializers.FloatField(read_only=True, allow_null=True)
     links = serializers.SerializerMethodField()
 
@@ -21,6 +24,7 @@ class JobSerializer(serializers.ModelSerializer):
         model = Job
         fields = [
             "id", "owner", "model", "status", "filename", "text_column", "id_column", "encoding", "delimiter",
+            "upload_bytes", "ingested_rows", "ingest_progress",
             "total_rows", "done_rows", "failed_rows", "progress", "rows_per_s", "eta_s",
             "created_at", "started_at", "finished_at", "error", "links",
         ]  # fmt: skip
@@ -42,7 +46,11 @@ class JobCreateSerializer(serializers.Serializer):
     model = serializers.CharField(required=False, help_text="a served model name; default: the registry's default")
     text_column = serializers.CharField(default="text")
     id_column = serializers.CharField(required=False, allow_blank=True, default="")
-    encoding = serializers.CharField(default="utf-8", help_text="for example utf-8 (BOM accepted), gbk, latin-1")
+    encoding = serializers.CharField(
+        default="utf-8",
+        max_length=40,
+        help_text="a character encoding, for example utf-8, latin-1, gbk; a UTF-8/16/32 byte-order mark is honoured",
+    )
     delimiter = serializers.ChoiceField(
         choices=["comma", "semicolon", "tab"], required=False, help_text="default: detected from the header"
     )

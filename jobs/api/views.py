@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from django.conf import settings
 from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
@@ -16,6 +18,7 @@ from rest_framework.response import Response
 from inference.registry import get_registry
 from jobs import export, lifecycle
 from jobs.api.serializers import JobCreateSerializer, JobSerializer, RowSerializer
+from jobs.api.throttles import JobCreateThrottle, ResultsThrottle
 from jobs.ingest import IngestError
 from jobs.models import Job
 
@@ -46,7 +49,10 @@ def visible_jobs(user) -> QuerySet[Job]:
 
 
 def create_from_upload(user, data: dict, upload) -> Job:
-    """Shared by the API and the web form: size check, then ingest; IngestError carries the status."""
+    """Shared by the API and the web form: size check, then the file's start; IngestError carries the status.
+
+    The job comes back `ingesting`: the rest of the file is read by an offline worker.
+    """
     if upload.size > settings.JOBS_MAX_UPLOAD_BYTES:
         raise IngestError(
             f"the file is {upload.size} bytes; the limit is {settings.JOBS_MAX_UPLOAD_BYTES} bytes", status=413
@@ -74,7 +80,19 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     def get_queryset(self):
         return visible_jobs(self.request.user)
 
-    @extend_schema(request={"multipart/form-data": JobCreateSerializer}, responses={201: JobSerializer})
+    def get_throttles(self):
+        # Uploads and results cost the server work; listing and polling a job are cheap and stay free.
+        throttles = {"create": [JobCreateThrottle], "results": [ResultsThrottle], "results_csv": [ResultsThrottle]}
+        return [throttle() for throttle in throttles.get(self.action, [])]
+
+    def throttled(self, request: Request, wait: float | None) -> None:
+        throttle = next(iter(self.get_throttles()), None)
+        limit = f"at most {throttle.get_rate()} per user" if throttle else "a per-user limit"
+        retry = f"; try again in {math.ceil(wait)} s" if wait is not None else ""
+        what = throttle.what if throttle else "requests"
+        raise exceptions.Throttled(wait, detail=f"too many {what}: {limit}{retry}")
+
+    @extend_schema(request={"multipart/form-data": JobCreateSerializer}, responses={202: JobSerializer})
     def create(self, request: Request, *args, **kwargs) -> Response:
         # Bodies far over the limit never get here: platform_/asgi.py refuses them from Content-Length.
         form = JobCreateSerializer(data=request.data)
@@ -85,7 +103,8 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
             if error.status == 413:
                 raise PayloadTooLarge(error.message) from None
             raise exceptions.ValidationError({"file": [error.message]}) from None
-        return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_201_CREATED)
+        # 202: the file's start is checked; the rest is read by a worker (status `ingesting`, then queued).
+        return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(
         responses=RowSerializer(many=True),

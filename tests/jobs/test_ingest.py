@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import codecs
 import io
 
 import pytest
 
-from jobs.ingest import IngestError, IngestLimits, check_encoding, pick_delimiter, read_rows
+from jobs.export import neutralise
+from jobs.ingest import (
+    BLOCK_BYTES,
+    PREFLIGHT_ROWS,
+    IngestError,
+    IngestLimits,
+    check_encoding,
+    pick_delimiter,
+    preflight,
+    read_rows,
+)
 
 LIMITS = IngestLimits(max_rows=5, max_text_chars=50, batch_rows=2, chunk_rows=2)
 
 
-def rows_of(data: bytes, text_column="text", id_column="", encoding="utf-8-sig", delimiter=None):
-    chosen, rows = read_rows(
+def rows_of(data: bytes, text_column="text", id_column="", encoding="utf-8", delimiter=None):
+    chosen, _, rows = read_rows(
         io.BytesIO(data),
         encoding=encoding,
         text_column=text_column,
@@ -85,8 +96,82 @@ def test_blank_lines_are_skipped():
 def test_encoding_and_delimiter_checks():
     with pytest.raises(IngestError, match="unknown encoding 'klingon'"):
         check_encoding("klingon")
-    assert check_encoding("UTF8") == "utf-8-sig"
+    assert check_encoding("UTF8") == "utf-8"
+    assert check_encoding("utf-8-sig") == "utf-8"  # the mark is honoured whatever the name
     assert pick_delimiter("a|b", None) == ","
     assert pick_delimiter("a,b", "tab") == "\t"
     with pytest.raises(IngestError, match="delimiter must be one of"):
         pick_delimiter("a,b", "|")
+
+
+@pytest.mark.parametrize("name", ["rot13", "bz2_codec", "zlib", "base64", "hex", "uu", "quopri", "undefined", "idna"])
+def test_only_character_encodings_are_accepted(name):
+    with pytest.raises(IngestError) as caught:
+        check_encoding(name)
+    assert f"encoding {name!r} is not a character encoding" in caught.value.message
+    assert "utf-8, utf-16, utf-32, latin-1" in caught.value.message
+
+
+@pytest.mark.parametrize("codec", ["utf-16", "utf-32", "utf-16-be", "utf-32-be"])
+def test_utf16_and_utf32_with_a_bom_split_into_the_right_lines(codec):
+    text = 'text,id\nwhere is my parcel,a\n"two\nlines",b\n'
+    bom = {"utf-16-be": codecs.BOM_UTF16_BE, "utf-32-be": codecs.BOM_UTF32_BE}.get(codec, b"")
+    data = bom + text.encode(codec)
+    for given in ("utf-8", codec):  # the byte-order mark decides, whatever the encoding given
+        parsed = read_rows(io.BytesIO(data), encoding=check_encoding(given), text_column="text",
+                           id_column="id", delimiter=None, limits=LIMITS)  # fmt: skip
+        assert [(r[1], r[2]) for r in parsed.rows] == [("a", "where is my parcel"), ("b", "two\nlines")]
+
+
+def test_utf16_without_a_bom_is_a_clear_error_and_utf16le_reads_it():
+    data = "text\nhello\n".encode("utf-16-le")
+    message = error_of(data, encoding="utf-16").message
+    assert message.startswith("encoding 'utf-16' needs a byte-order mark (BOM)") and "utf-16-le" in message
+    assert [r[2] for r in rows_of(data, encoding="utf-16-le")[1]] == ["hello"]
+
+
+def test_undecodable_utf16_names_line_and_column():
+    data = codecs.BOM_UTF16_LE + "text\nfine\nab".encode("utf-16-le") + b"\x00\xdc" + "\n".encode("utf-16-le")
+    message = error_of(data, encoding="utf-16").message
+    assert message.startswith("line 3: byte 0x00 at column 3 is not valid utf-16-le")
+
+
+def test_an_error_deep_in_a_file_names_its_line():
+    data = b"text\n" + b"row\n" * 30_000 + b"\xff\n"
+    limits = IngestLimits(max_rows=100_000, max_text_chars=50, batch_rows=2, chunk_rows=2)
+    with pytest.raises(IngestError, match="^line 30002: byte 0xff at column 1 is not valid utf-8"):
+        list(read_rows(io.BytesIO(data), encoding="utf-8", text_column="text", id_column="",
+                       delimiter=None, limits=limits).rows)  # fmt: skip
+
+
+def test_a_cell_over_the_csv_module_field_limit_fails_only_its_row():
+    _, rows = rows_of(b"text\nbefore\n" + b"x" * 300_000 + b"\nafter\n")
+    assert [r[3] for r in rows] == ["", "text too long: 300000 characters, the limit is 50", ""]
+    assert [r[2] for r in rows][2] == "after"
+
+
+def test_preflight_reads_only_the_start():
+    limits = IngestLimits(max_rows=100_000, max_text_chars=50, batch_rows=2, chunk_rows=2)
+
+    def check(data: bytes):
+        return preflight(io.BytesIO(data), encoding="utf-8", text_column="text", id_column="", delimiter=None,
+                         limits=limits)  # fmt: skip
+
+    # Bad bytes past the first block (and past PREFLIGHT_ROWS rows) are left for the ingest task...
+    rows_past_first_block = BLOCK_BYTES // 5 + PREFLIGHT_ROWS
+    parsed = check(b"text\n" + b"fine\n" * rows_past_first_block + b"\xff\n" + b"fine\n" * 10)
+    assert parsed.delimiter == "," and parsed.encoding == "utf-8"
+    # ...but the first block is decoded whole, so bad bytes in it are refused at once.
+    with pytest.raises(IngestError, match="^line 202: byte 0xff"):
+        check(b"text\n" + b"fine\n" * (PREFLIGHT_ROWS + 100) + b"\xff\n")
+    with pytest.raises(IngestError, match="the file is empty"):
+        preflight(io.BytesIO(b""), encoding="utf-8", text_column="text", id_column="", delimiter=None, limits=limits)
+
+
+@pytest.mark.parametrize(
+    ("cell", "shown"),
+    [("=cmd|' /C calc'!A0", "'=cmd|' /C calc'!A0"), ("+1", "'+1"), ("-2", "'-2"), ("@SUM(A1)", "'@SUM(A1)"),
+     ("\tx", "'\tx"), ("\rx", "'\rx"), ("plain", "plain"), ("", "")],
+)  # fmt: skip
+def test_formula_cells_are_neutralised(cell, shown):
+    assert neutralise(cell) == shown

@@ -80,10 +80,11 @@ def assert_each_row_once(rows: list[dict], total: int) -> None:
 
 def test_upload_runs_to_completion_with_every_row_exactly_once(stack):
     response = upload(stack, make_csv(300, empty_every=100))
-    assert response.status_code == 201, response.text
+    assert response.status_code == 202, response.text
     job = response.json()
-    assert job["total_rows"] == 300 and job["status"] in ("queued", "running")
+    assert job["status"] == "ingesting" and job["upload_bytes"] > 0  # the rows are read by a worker
     done = wait_for_end(stack, job["id"])
+    assert done["total_rows"] == 300 and done["ingested_rows"] == 300 and done["ingest_progress"] == 1.0
     assert done["status"] == "partial"  # three empty texts failed, the job still ran
     assert (done["done_rows"], done["failed_rows"]) == (297, 3)
     assert done["rows_per_s"] > 0 and done["progress"] == 1.0
@@ -194,7 +195,6 @@ def test_redis_losing_its_lists_mid_job_delays_but_does_not_lose_it(stack):
             400,
             "line 3: byte 0xb7 at column 4 is not valid utf-8",
         ),
-        (b"key,text\n" + b"k,t\n" * 5001, {}, 400, "more than 5000 data rows"),
         (b"key,text\n" + b"k," + b"x" * 310_000 + b"\n", {}, 413, "the limit is 300000 bytes"),
         (b"key,text\nk1,hi\n", {"encoding": "klingon"}, 400, "unknown encoding 'klingon'"),
         (b"key,text\nk1,hi\n", {"model": "nope"}, 400, "unknown model 'nope'"),
@@ -209,6 +209,15 @@ def test_malformed_uploads_get_a_clear_error_and_create_nothing(stack, data, fie
     assert len(after) == len(before), "no job was created"
 
 
+def test_too_many_rows_fails_the_job_once_ingest_counts_them(stack):
+    """The row count is known only after the whole file is read: the job fails with the limit's message."""
+    response = upload(stack, b"key,text\n" + b"k,t\n" * 5001)
+    assert response.status_code == 202, response.text
+    done = wait_for_end(stack, response.json()["id"])
+    assert done["status"] == "failed" and done["error"] == "the file has more than 5000 data rows, the limit per job"
+    assert done["total_rows"] == 0 and export_rows(stack, done["id"]) == []
+
+
 @pytest.mark.parametrize(
     ("data", "fields"),
     [
@@ -221,7 +230,7 @@ def test_malformed_uploads_get_a_clear_error_and_create_nothing(stack, data, fie
 )
 def test_csv_dialects_and_encodings_are_read(stack, data, fields):
     response = upload(stack, data, **fields)
-    assert response.status_code == 201, response.text
+    assert response.status_code == 202, response.text
     done = wait_for_end(stack, response.json()["id"])
     assert done["status"] == "succeeded" and done["total_rows"] == 2
     rows = export_rows(stack, done["id"])
