@@ -7,8 +7,10 @@ per classic middleware. Profiled under overload (py-spy, docs/benchmarks.md), cr
 those threads was about a third of a web process's CPU. The predict view does for itself the little
 the middleware did (authentication from a token or a session, the nosniff header), LeanView sets
 Content-Length, and its rare database calls go through `platform_.db.run_db`, which opens and closes
-connections as a request would. Everything else (admin, docs, the rest of the API) goes through the
-full stack.
+connections as a request would. LeanView also checks the Host header against ALLOWED_HOSTS, as
+Django's request.get_host() would. Everything else (admin, docs, the rest of the API) goes through
+the full stack behind `BodyGuard` (platform_/bodies.py: body limits, chunked bodies, and credentials
+checked before an upload is read).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import re
 from django.core.asgi import get_asgi_application
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpResponse, JsonResponse
+from django.http.request import split_domain_port, validate_host
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings")
 django_application = get_asgi_application()
@@ -30,13 +33,9 @@ django_application = get_asgi_application()
 from django.conf import settings  # noqa: E402  (after the app, which configures settings)
 
 from inference.api.views import early_refusal, predict_view  # noqa: E402
+from platform_.bodies import BodyGuard, declared_length, send_response, too_large  # noqa: E402
 
 logger = logging.getLogger("django.request")
-
-# Django spools a whole request body to disk before any view runs, so an oversized upload is
-# refused here, from its Content-Length, before a byte of it is read. The largest legitimate
-# body is a CSV at the upload limit plus the multipart form around it.
-MAX_BODY_BYTES = settings.JOBS_MAX_UPLOAD_BYTES + 1024 * 1024
 
 _PREDICT_PATH = re.compile(r"^/api/v1/models/(?P<name>[^/]+)/predict$")
 
@@ -51,10 +50,18 @@ class LeanView:
         self.view, self.max_body_bytes, self.early = view, max_body_bytes, early
 
     async def __call__(self, scope, receive, send, **view_kwargs) -> None:
+        if (refusal := _host_refusal(scope)) is not None:
+            await _send(send, refusal)
+            return
+        if (length := declared_length(scope)) is not None and length > self.max_body_bytes:
+            await _send(send, too_large(self.max_body_bytes, length))
+            return
         if self.early is not None and scope["method"] == "POST":
             headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
             response = self.early(headers, **view_kwargs)
             if response is not None:
+                if getattr(response, "delay_s", 0) > 0:  # a caller retrying at once is answered later
+                    await asyncio.sleep(response.delay_s)
                 await _send(send, response)  # the server discards the unread body
                 return
         body = bytearray()
@@ -63,8 +70,8 @@ class LeanView:
             if message["type"] == "http.disconnect":
                 return  # the caller left before sending the whole body: nothing was admitted
             body += message.get("body", b"")
-            if len(body) > self.max_body_bytes:
-                await _send(send, _too_large_response(len(body), self.max_body_bytes))
+            if len(body) > self.max_body_bytes:  # a chunked body, counted as it arrives
+                await _send(send, too_large(self.max_body_bytes))
                 return
             if not message.get("more_body"):
                 break
@@ -88,39 +95,51 @@ class LeanView:
         await _send(send, response)
 
 
-async def _send(send, response: HttpResponse) -> None:
-    # CommonMiddleware's header, which this path skips: without it the server frames the body as chunked.
-    if not response.has_header("Content-Length"):
-        response["Content-Length"] = str(len(response.content))
-    headers = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in response.items()]
-    headers += [(b"set-cookie", c.output(header="").strip().encode("latin-1")) for c in response.cookies.values()]
-    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-    await send({"type": "http.response.body", "body": response.content})
+# CommonMiddleware's Content-Length, which this path skips (without it the server frames the body as
+# chunked), is set by send_response.
+_send = send_response
+
+# Host header -> the 400 answer for it (None: allowed). Per host string, so the check costs a dict
+# lookup; bounded, since the strings come from callers.
+_host_answers: dict[str, HttpResponse | None] = {}
+_HOST_ANSWERS_MAX = 1_000
 
 
-def _too_large_response(length: int, limit: int) -> HttpResponse:
-    response = JsonResponse(
-        {"detail": f"the request body is {length} bytes; the limit is {limit} bytes", "code": "payload_too_large"},
-        status=413,
-    )
-    response["Connection"] = "close"
-    return response
+def _host_refusal(scope) -> HttpResponse | None:
+    """400 for a Host outside ALLOWED_HOSTS, as Django's request.get_host() would refuse it on other paths."""
+    raw = None
+    for name, value in scope["headers"]:
+        if name == b"x-forwarded-host" and settings.USE_X_FORWARDED_HOST:
+            raw = value.decode("latin-1").split(",")[-1].strip()
+            break
+        if name == b"host" and raw is None:
+            raw = value.decode("latin-1")
+    if raw is None:
+        server = scope.get("server") or ("unknown", None)
+        raw = f"{server[0]}:{server[1]}" if server[1] else str(server[0])
+    if raw in _host_answers:
+        return _host_answers[raw]
+    allowed = settings.ALLOWED_HOSTS or ([".localhost", "127.0.0.1", "[::1]"] if settings.DEBUG else [])
+    domain, _port = split_domain_port(raw)
+    answer = None
+    if not (domain and validate_host(domain, allowed)):
+        detail = f"Invalid HTTP_HOST header: {raw!r}."
+        detail += f" You may need to add {domain!r} to ALLOWED_HOSTS." if domain else " It is not a valid host name."
+        answer = JsonResponse({"detail": detail, "code": "disallowed_host"}, status=400)
+    if len(_host_answers) >= _HOST_ANSWERS_MAX:
+        _host_answers.clear()
+    _host_answers[raw] = answer
+    return answer
 
 
 predict_application = LeanView(predict_view, settings.DATA_UPLOAD_MAX_MEMORY_SIZE, early=early_refusal)
 
 
-def _content_length(scope) -> int:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            return int(value) if value.isdigit() else 0
-    return 0
+guarded_django_application = BodyGuard(django_application)
 
 
 async def application(scope, receive, send) -> None:
-    if scope["type"] == "http" and (length := _content_length(scope)) > MAX_BODY_BYTES:
-        await _send(send, _too_large_response(length, MAX_BODY_BYTES))
-    elif scope["type"] == "http" and (match := _PREDICT_PATH.match(scope["path"])):
+    if scope["type"] == "http" and (match := _PREDICT_PATH.match(scope["path"])):
         await predict_application(scope, receive, send, name=match["name"])
     else:
-        await django_application(scope, receive, send)
+        await guarded_django_application(scope, receive, send)

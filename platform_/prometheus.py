@@ -10,6 +10,7 @@ from collections import defaultdict
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
+from django.utils.crypto import constant_time_compare
 
 from platform_ import metrics
 from platform_.redis import get_redis
@@ -113,11 +114,26 @@ def render(totals: dict[str, float], gauges: dict[str, float]) -> str:
     return "\n".join(out) + "\n"
 
 
+def _may_scrape(request: HttpRequest) -> bool:
+    """Closed by default: queue depths and model names tell an outsider how to hurt the service."""
+    if settings.METRICS_PUBLIC:
+        return True
+    if constant_time_compare(request.headers.get("Authorization", ""), f"Bearer {settings.METRICS_TOKEN}"):
+        return True
+    user = getattr(request, "user", None)
+    return bool(user is not None and user.is_active and user.is_staff)
+
+
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    if settings.METRICS_TOKEN and request.headers.get("Authorization") != f"Bearer {settings.METRICS_TOKEN}":
-        return HttpResponse(
-            "metrics need Authorization: Bearer <METRICS_TOKEN>\n", status=401, content_type="text/plain"
+    if not _may_scrape(request):
+        response = HttpResponse(
+            "metrics need Authorization: Bearer <METRICS_TOKEN> (generated into var/metrics_token when not set),"
+            " a staff session, or METRICS_PUBLIC=true\n",
+            status=401,
+            content_type="text/plain",
         )
+        response["WWW-Authenticate"] = "Bearer"
+        return response
     client = get_redis()
     gauges = {k: float(v) for k, v in client.hgetall(metrics.GAUGES_KEY).items()}
     body = render(metrics.totals(client), gauges)

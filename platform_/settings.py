@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import secrets
 from pathlib import Path
 
@@ -17,17 +19,25 @@ VAR_DIR = Path(env.str("PLATFORM_VAR_DIR", str(BASE_DIR / "var")))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
 
-def _local_secret_key() -> str:
-    """Generate the key once per checkout so sessions survive restarts of `make run`."""
-    path = VAR_DIR / "secret_key"
+def _local_secret(name: str) -> str:
+    """Generate a secret once per checkout (var/<name>) so sessions and tokens survive restarts of `make run`.
+
+    Written to a temporary file and linked into place, so processes starting together (web, workers)
+    all read the one that won, never a half-written or different one.
+    """
+    path = VAR_DIR / name
     if not path.exists():
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
+        tmp = VAR_DIR / f".{name}.{os.getpid()}"
+        tmp.write_text(secrets.token_urlsafe(50))
+        tmp.chmod(0o600)
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+        tmp.unlink()
     return path.read_text().strip()
 
 
 # DJANGO_SECRET_KEY: set it in production; locally one is generated into var/.
-SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="") or _local_secret_key()
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="") or _local_secret("secret_key")
 # DJANGO_DEBUG: off unless asked for.
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 # DJANGO_ALLOWED_HOSTS: comma-separated host names the web tier answers for.
@@ -119,7 +129,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE_BYTES", defau
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        # DRF's TokenAuthentication plus failed-authentication throttling (429 after repeated bad tokens).
+        "platform_.auth_throttle.ThrottledTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -208,6 +219,11 @@ ONLINE_RATE_WINDOW_S = env.int("ONLINE_RATE_WINDOW_S", default=10)
 WORKER_HEARTBEAT_S = env.float("WORKER_HEARTBEAT_S", default=2.0)
 # API_TOKEN_CACHE_S: how long a web process trusts a token it looked up (a revoked token works this long).
 API_TOKEN_CACHE_S = env.float("API_TOKEN_CACHE_S", default=30.0)
+# AUTH_FAILURES_PER_WINDOW: failed authentications (bad token, bad password at a login form) one client
+# address may make per AUTH_FAILURE_WINDOW_S before its credential checks get 429; 0: no limit.
+AUTH_FAILURES_PER_WINDOW = env.int("AUTH_FAILURES_PER_WINDOW", default=20)
+# AUTH_FAILURE_WINDOW_S: the window those failures are counted in, shared by all web processes through Redis.
+AUTH_FAILURE_WINDOW_S = env.int("AUTH_FAILURE_WINDOW_S", default=60)
 
 LOGGING = {
     "version": 1,
@@ -262,7 +278,10 @@ SLOW_REQUEST_MS = env.float("SLOW_REQUEST_MS", default=1000.0)
 SLOW_REQUEST_LOG_MAX_PER_S = env.int("SLOW_REQUEST_LOG_MAX_PER_S", default=20)
 # SLOW_REQUEST_KEEP: the slow-request log keeps this many newest rows.
 SLOW_REQUEST_KEEP = env.int("SLOW_REQUEST_KEEP", default=10_000)
-# METRICS_TOKEN: when set, GET /metrics needs "Authorization: Bearer <token>".
-METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
+# METRICS_TOKEN: GET /metrics needs "Authorization: Bearer <token>" (or a staff session); unset, one
+# is generated into var/metrics_token.
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="") or _local_secret("metrics_token")
+# METRICS_PUBLIC: true opens GET /metrics to anyone, without a token (only on a network you trust).
+METRICS_PUBLIC = env.bool("METRICS_PUBLIC", default=False)
 # FLOWER_URL: where the dashboard links to Flower.
 FLOWER_URL = env.str("FLOWER_URL", default="http://127.0.0.1:5555/")

@@ -2,15 +2,24 @@
 
 from django.conf import settings
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from platform_ import dashboard, prometheus
+from platform_.auth_throttle import throttle_login
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/jobs/", permanent=False)),
+    # Both login forms, with failed-authentication throttling (429 after repeated bad passwords from
+    # one address); listed before the includes that also define them, so these win.
+    path("admin/login/", throttle_login(admin.site.login)),
+    path(
+        "accounts/login/",
+        throttle_login(auth_views.LoginView.as_view(template_name="rest_framework/login.html")),
+    ),
     path("admin/", admin.site.urls),
     path("dashboard/", dashboard.dashboard, name="dashboard"),
     path("dashboard/data.json", dashboard.dashboard_json, name="dashboard-data"),

@@ -2,6 +2,8 @@
 
 DRF's authentication classes are sync and hit the database on every call; on the hot path a web
 process keeps a token it has looked up for API_TOKEN_CACHE_S (so a revoked token works that long).
+A token it has to look up is first checked against failed-authentication throttling
+(platform_/auth_throttle.py), and a bad one counts as a failure of the caller's address.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from django.contrib.auth.models import AnonymousUser
 from django.middleware.csrf import CsrfViewMiddleware
 from rest_framework.authtoken.models import Token
 
+from platform_ import auth_throttle
 from platform_.db import run_db
 from platform_.errors import ApiError
 
@@ -27,13 +30,19 @@ def _unauthenticated(detail: str) -> ApiError:
     return ApiError(401, "not_authenticated", detail, headers={"WWW-Authenticate": "Token"})
 
 
-async def _user_for_token(key: str) -> Any:
+async def _user_for_token(key: str, client_ip: str) -> Any:
     now = time.monotonic()
     cached = _token_cache.get(key)
     if cached and cached[0] > now:
         return cached[1]
+    # Only here, before a database lookup, is Redis asked: a cached token never pays for throttling.
+    if wait_s := await auth_throttle.blocked_for_s(client_ip):
+        raise ApiError(
+            429, "auth_throttled", auth_throttle.message(client_ip, wait_s), headers={"Retry-After": str(wait_s)}
+        )
     token = await run_db(Token.objects.select_related("user").filter(key=key).first)
     if token is None or not token.user.is_active:
+        await auth_throttle.record_failure(client_ip)
         raise _unauthenticated("invalid token")
     if len(_token_cache) >= _TOKEN_CACHE_MAX:
         _token_cache.clear()
@@ -72,7 +81,7 @@ async def authenticate(request: Any) -> Any:
         scheme, _, key = header.partition(" ")
         if scheme.lower() not in ("token", "bearer") or not key.strip():
             raise _unauthenticated("Authorization header must be 'Token <key>'")
-        return await _user_for_token(key.strip())
+        return await _user_for_token(key.strip(), request.META.get("REMOTE_ADDR", ""))
     user = await _session_user(request)
     if user.is_authenticated:
         _enforce_csrf(request)

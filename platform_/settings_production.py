@@ -1,0 +1,58 @@
+"""Production profile: DJANGO_SETTINGS_MODULE=platform_.settings_production (docker-compose.yml uses it).
+
+Everything in platform_/settings.py, plus the transport security that `manage.py check --deploy`
+asks for, on by default. Each has its own switch for deployments where a TLS proxy in front already
+does the job; a switch turned off also silences the check that would warn about it, so the check
+stays clean and still speaks for whatever was not turned off on purpose.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+
+# The overlay idiom of Django settings (cookiecutter-django's `from .base import *`): this module
+# is the base module's names with a few changed.
+from platform_.settings import *  # noqa: F403
+from platform_.settings import env
+
+if not env.str("DJANGO_SECRET_KEY", default=""):
+    # A key generated into the container's var/ would differ per container and vanish with it.
+    raise ImproperlyConfigured(
+        "DJANGO_SECRET_KEY must be set in production, e.g. to the output of "
+        "python -c 'import secrets; print(secrets.token_urlsafe(50))'"
+    )
+
+DEBUG = False
+SILENCED_SYSTEM_CHECKS: list[str] = []
+
+# DJANGO_BEHIND_TLS_PROXY: trust X-Forwarded-Proto from the proxy in front (it must set or strip
+# the header), so requests that reached the proxy over HTTPS count as secure.
+if env.bool("DJANGO_BEHIND_TLS_PROXY", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# DJANGO_SECURE_SSL_REDIRECT: redirect plain HTTP to HTTPS; off when the proxy already redirects.
+SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=True)
+if not SECURE_SSL_REDIRECT:
+    SILENCED_SYSTEM_CHECKS.append("security.W008")
+# Liveness and readiness probes come over plain HTTP from inside the network: never redirect them.
+SECURE_REDIRECT_EXEMPT = [r"^api/v1/(ready|health)$"]
+
+# DJANGO_SECURE_HSTS_SECONDS: how long browsers must use HTTPS only (0: no HSTS header, e.g. when the
+# proxy sends it). Start small (3600) on a new domain; a year once HTTPS is known to work.
+SECURE_HSTS_SECONDS = env.int("DJANGO_SECURE_HSTS_SECONDS", default=31_536_000)
+# DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS: HSTS covers subdomains too.
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", default=True)
+# DJANGO_SECURE_HSTS_PRELOAD: allow submitting the domain to browsers' preload lists.
+SECURE_HSTS_PRELOAD = env.bool("DJANGO_SECURE_HSTS_PRELOAD", default=True)
+if not SECURE_HSTS_SECONDS:
+    SILENCED_SYSTEM_CHECKS.append("security.W004")
+else:
+    if not SECURE_HSTS_INCLUDE_SUBDOMAINS:
+        SILENCED_SYSTEM_CHECKS.append("security.W005")
+    if not SECURE_HSTS_PRELOAD:
+        SILENCED_SYSTEM_CHECKS.append("security.W021")
+
+# DJANGO_SECURE_COOKIES: session and CSRF cookies only over HTTPS (off only for a plain-HTTP trial).
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.bool("DJANGO_SECURE_COOKIES", default=True)
+if not SESSION_COOKIE_SECURE:
+    SILENCED_SYSTEM_CHECKS += ["security.W012", "security.W016"]
