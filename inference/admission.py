@@ -202,6 +202,7 @@ class Admission:
         dispatcher_heartbeat_s: float = 1.0,
         max_backlog_tokens: int = 1 << 40,
         client_share: float = 1.0,
+        default_deadline_s: float = 2.0,
     ) -> None:
         self.client = client
         # After a refusal, the same answer is given for this long without asking Redis (see held_refusal).
@@ -216,6 +217,9 @@ class Admission:
         self.cache_s = cache_s
         self.max_backlog_tokens = max_backlog_tokens
         self.client_share = client_share
+        # A client's share is of what the model can drain within the default deadline: a property of
+        # the model's backlog, not of one request's own (short) deadline, which the deadline rule checks.
+        self.default_deadline_s = default_deadline_s
         self._admit_script = client.register_script(_ADMIT_LUA)
         self._release_script = client.register_script(_RELEASE_LUA)
         self._capacity: dict[str, tuple[float, int, float | None]] = {}
@@ -310,7 +314,7 @@ class Admission:
         if cost > alone_fits:
             return Decision(False, "request_too_large", 0, alone_fits, rate, cost=cost, status=413)
         usable_s = remaining_s * self.headroom
-        share_of = max_tokens if not rate else min(max_tokens, rate * usable_s)
+        share_of = max_tokens if not rate else min(max_tokens, rate * self.default_deadline_s * self.headroom)
         client_limit = max(1, int(self.client_share * share_of))
         code, ahead, all_tokens, mine, fair = await self._admit_script(
             keys=[backlog_key(spec.name), backlog_cost_key(spec.name), backlog_tokens_key(spec.name)],

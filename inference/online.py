@@ -69,6 +69,7 @@ def get_admission() -> Admission:
             dispatcher_heartbeat_s=settings.DISPATCHER_HEARTBEAT_S,
             max_backlog_tokens=settings.ONLINE_MAX_BACKLOG_TOKENS,
             client_share=settings.ONLINE_CLIENT_SHARE,
+            default_deadline_s=settings.ONLINE_DEADLINE_MS / 1000,
         )
         _admissions[loop] = admission
     return admission

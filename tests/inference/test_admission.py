@@ -165,7 +165,7 @@ def test_a_light_client_is_admitted_beside_a_heavy_clients_backlog(redis_url, mo
 def test_one_clients_excess_is_refused_with_429_while_others_are_admitted(redis_url, model_name):
     async def scenario():
         client, admission = await _admission(
-            redis_url, model_name, children=1, done=1000, busy_s=1.0, client_share=0.5
+            redis_url, model_name, children=1, done=1000, busy_s=1.0, client_share=0.5, default_deadline_s=2.0
         )  # 1,000 tokens/s; a 2 s deadline: 2,000 tokens may wait, 1,000 of them one client's
         spec = ModelSpec(name=model_name, task="embedding", path="x", max_backlog=100)
         deadline = time.time() + 2.0
