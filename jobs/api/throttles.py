@@ -18,11 +18,12 @@ logger = logging.getLogger(__name__)
 
 class _SettingsRateThrottle(UserRateThrottle):
     setting = ""
+    default_rate = ""
     #: What is limited, for the 429 message.
     what = ""
 
     def get_rate(self) -> str:
-        return getattr(settings, self.setting)
+        return getattr(settings, self.setting, self.default_rate)
 
     def allow_request(self, request, view) -> bool:
         try:
@@ -35,10 +36,12 @@ class _SettingsRateThrottle(UserRateThrottle):
 class JobCreateThrottle(_SettingsRateThrottle):
     scope = "jobs_create"
     setting = "JOBS_CREATE_RATE"
+    default_rate = "60/min"
     what = "job uploads"
 
 
 class ResultsThrottle(_SettingsRateThrottle):
     scope = "jobs_results"
     setting = "JOBS_RESULTS_RATE"
+    default_rate = "600/min"
     what = "results requests"
