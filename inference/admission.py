@@ -318,7 +318,18 @@ class Admission:
         client_limit = max(1, int(self.client_share * share_of))
         code, ahead, all_tokens, mine, fair = await self._admit_script(
             keys=[backlog_key(spec.name), backlog_cost_key(spec.name), backlog_tokens_key(spec.name)],
-            args=[now, request_id, deadline, spec.max_backlog, max_tokens, cost, client, rate or 0, usable_s, client_limit],
+            args=[
+                now,
+                request_id,
+                deadline,
+                spec.max_backlog,
+                max_tokens,
+                cost,
+                client,
+                rate or 0,
+                usable_s,
+                client_limit,
+            ],
         )
         ahead, all_tokens, mine, fair = int(ahead), int(all_tokens), int(mine), int(fair)
         if code == 1:

@@ -96,9 +96,8 @@ async def predict(
     task_id = uuid.uuid4().hex
     admission = get_admission()
     admit_start = time.time()
-    decision = await admission.admit(
-        spec, task_id, deadline, cost=sum(tokens), client=client, client_key=client_key
-    )
+    cost = sum(tokens) + settings.ONLINE_REQUEST_OVERHEAD_TOKENS
+    decision = await admission.admit(spec, task_id, deadline, cost=cost, client=client, client_key=client_key)
     admission_ms = (time.time() - admit_start) * 1000
     if not decision.admitted:
         raise Refused(decision, admission_ms)

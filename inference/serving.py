@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 import redis
+from django.conf import settings
 
 from inference import runtime
 from inference.batching import group_by
@@ -138,7 +139,9 @@ def _serve_model(model: str, group: list[Any], client: redis.Redis, state: Worke
         rest = answers.unanswered()
         done, failed = _isolate(model, rest, client, worker)
         done += len(live) - len(rest)
-        record_batch(client, model, done=done, texts=0, busy_s=time.time() - started, expired=expired, failed=failed)
+        # No busy time: the re-runs would read as a slow drain rate (tokens per busy second) and make
+        # admission refuse everyone for a poisoned request.
+        record_batch(client, model, done=done, texts=0, busy_s=0.0, expired=expired, failed=failed)
         return
     distinct = list({id(p): p for p in passes}.values())
     record_batch(
@@ -147,7 +150,9 @@ def _serve_model(model: str, group: list[Any], client: redis.Redis, state: Worke
         done=len(live),
         texts=len(texts),
         busy_s=time.time() - started,
-        tokens=sum(sum(r.kwargs.get("tokens") or ()) for r in live),
+        # Priced as admission prices them: tokens plus a fixed overhead per request (or slice).
+        tokens=sum(sum(r.kwargs.get("tokens") or ()) for r in live)
+        + settings.ONLINE_REQUEST_OVERHEAD_TOKENS * len(live),
         expired=expired,
         pass_sizes=[p.size for p in distinct],
         inference_s=sum(p.end - p.start for p in distinct),
