@@ -152,6 +152,8 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "inference.api.schema.add_predict_endpoint",
+        # After the others: documents the shared 4xx answers (auth, throttles, limits) on every operation.
+        "platform_.schema_errors.add_error_responses",
     ],
 }
 
@@ -177,6 +179,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": OFFLINE_TIME_LIMIT_S * 
 CELERY_RESULT_EXPIRES = env.int("CELERY_RESULT_EXPIRES_S", default=15 * 60)
 # Workers load a model at child start; the default 4 s is far shorter than a load plus warm-up.
 CELERY_WORKER_PROC_ALIVE_TIMEOUT = env.float("WORKER_PROC_ALIVE_TIMEOUT_S", default=120.0)
+# Django's cache (DRF's throttle counters) lives in Redis, so every web process counts the same requests.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "cache"}
+}
 
 # ---------------------------------------------------------------------------------------------
 # Inference
@@ -217,6 +223,36 @@ ONLINE_BATCH_WAIT_MS = env.float("ONLINE_BATCH_WAIT_MS", default=0.0)
 ONLINE_RATE_WINDOW_S = env.int("ONLINE_RATE_WINDOW_S", default=10)
 # WORKER_HEARTBEAT_S: how often each worker child says it is alive; it counts as gone after 3 misses.
 WORKER_HEARTBEAT_S = env.float("WORKER_HEARTBEAT_S", default=2.0)
+# DISPATCHER_HEARTBEAT_S: how often a worker's main process (which hands work to its children) says
+# it is alive; after 3 misses its children no longer count as serving (admission answers no_worker).
+DISPATCHER_HEARTBEAT_S = env.float("DISPATCHER_HEARTBEAT_S", default=1.0)
+# ONLINE_MAX_DEADLINE_MS: the longest deadline a client may ask for with X-Deadline-Ms (for large
+# requests that do not fit the default deadline); longer asks are capped to it.
+ONLINE_MAX_DEADLINE_MS = env.int("ONLINE_MAX_DEADLINE_MS", default=max(ONLINE_DEADLINE_MS, 10_000))
+# ONLINE_MAX_BACKLOG_TOKENS: tokens queued plus in flight per model, across all web processes. Admission
+# prices requests in tokens (inference/tokens.py), so one request of 64 long texts weighs what it costs.
+ONLINE_MAX_BACKLOG_TOKENS = env.int("ONLINE_MAX_BACKLOG_TOKENS", default=65_536)
+# ONLINE_REQUEST_OVERHEAD_TOKENS: what a request costs beyond its tokens, in tokens (measured on a
+# 2-core CPU: a lone one-text pass takes ~25 ms more than its tokens alone would, ~50 tokens' worth).
+# Without it the drain rate, measured under light traffic, reads too low for heavy requests.
+ONLINE_REQUEST_OVERHEAD_TOKENS = env.int("ONLINE_REQUEST_OVERHEAD_TOKENS", default=32)
+# ONLINE_CLIENT_SHARE: the most of a model's admissible backlog (in tokens) one client may hold; its
+# excess is refused with 429 while other clients are still admitted.
+ONLINE_CLIENT_SHARE = env.float("ONLINE_CLIENT_SHARE", default=0.5)
+# ONLINE_DISPATCH_TOKENS: most tokens a worker child is handed at once. Measured on a 2-core CPU with
+# all-MiniLM-L6-v2, 1,024 tokens take about 0.5 s and are already at full batching speed; on a GPU raise it.
+ONLINE_DISPATCH_TOKENS = env.int("ONLINE_DISPATCH_TOKENS", default=1_024)
+# ONLINE_CONTENDED_DISPATCH_TOKENS: the same while several clients wait for the model, so a light request
+# waits about one short dispatch behind a heavy client, not behind its backlog.
+ONLINE_CONTENDED_DISPATCH_TOKENS = env.int("ONLINE_CONTENDED_DISPATCH_TOKENS", default=512)
+# ONLINE_REFUSAL_DELAY_MS: a caller refused again within the refusal hold gets its 503/429 after this
+# delay. A client that retries at once (ignoring Retry-After) then costs one cheap refusal per delay
+# instead of a flood of them, and cannot take the CPU the model needs. 0: answer at once.
+ONLINE_REFUSAL_DELAY_MS = env.float("ONLINE_REFUSAL_DELAY_MS", default=250.0)
+# ONLINE_MAX_JSON_DEPTH / ONLINE_MAX_NUMBER_DIGITS: a predict body nested deeper, or with an integer
+# longer than this, is refused with 400 before it can exhaust the parser.
+ONLINE_MAX_JSON_DEPTH = env.int("ONLINE_MAX_JSON_DEPTH", default=32)
+ONLINE_MAX_NUMBER_DIGITS = env.int("ONLINE_MAX_NUMBER_DIGITS", default=64)
 # API_TOKEN_CACHE_S: how long a web process trusts a token it looked up (a revoked token works this long).
 API_TOKEN_CACHE_S = env.float("API_TOKEN_CACHE_S", default=30.0)
 # AUTH_FAILURES_PER_WINDOW: failed authentications (bad token, bad password at a login form) one client
@@ -268,6 +304,10 @@ JOBS_PASS_TEXTS_BESIDE_ONLINE = env.int("JOBS_PASS_TEXTS_BESIDE_ONLINE", default
 JOBS_LOW_CONFIDENCE = env.float("JOBS_LOW_CONFIDENCE", default=0.5)
 # JOBS_RESULTS_PAGE_SIZE: rows per page of GET /api/v1/jobs/<id>/results.
 JOBS_RESULTS_PAGE_SIZE = env.int("JOBS_RESULTS_PAGE_SIZE", default=100)
+# JOBS_CREATE_RATE: job uploads one user may make (DRF rate: "60/min", "1000/hour"); over it, 429.
+JOBS_CREATE_RATE = env.str("JOBS_CREATE_RATE", default="60/min")
+# JOBS_RESULTS_RATE: results requests (JSON pages and CSV exports) one user may make; over it, 429.
+JOBS_RESULTS_RATE = env.str("JOBS_RESULTS_RATE", default="600/min")
 
 # ---------------------------------------------------------------------------------------------
 # Observability
