@@ -7,7 +7,7 @@ import math
 from django.conf import settings
 from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import exceptions, mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.pagination import PageNumberPagination
@@ -74,6 +74,8 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     """Offline CSV jobs of the calling user (all jobs for staff)."""
 
     serializer_class = JobSerializer
+    # For the schema generator only (it types the path's id from the model); requests use get_queryset().
+    queryset = Job.objects.none()
     # Uploads are multipart; a JSON body gets 415. cancel and retry read no body.
     parser_classes = [MultiPartParser, FormParser]
 
@@ -114,7 +116,8 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
             OpenApiParameter("label", str),
         ],
     )
-    @action(detail=True, methods=["get"])
+    # pagination_class only tells the schema that the rows come in pages (the view paginates itself).
+    @action(detail=True, methods=["get"], pagination_class=RowPages)
     def results(self, request: Request, pk: str | None = None) -> Response:
         rows = export.filtered_rows(self.get_object(), request.query_params)
         pages = RowPages()
@@ -127,7 +130,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         job = self.get_object()
         return export.csv_response(job.rows.all(), f"job-{job.pk}-results.csv")
 
-    @extend_schema(request=None, responses=JobSerializer)
+    @extend_schema(request=None, responses={200: JobSerializer, 409: OpenApiResponse(description="the job has ended")})
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         job = self.get_object()
@@ -136,7 +139,10 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         job.refresh_from_db()
         return Response(JobSerializer(job, context={"request": request}).data)
 
-    @extend_schema(request=None, responses=JobSerializer)
+    @extend_schema(
+        request=None,
+        responses={200: JobSerializer, 409: OpenApiResponse(description="the job has not ended, or no row failed")},
+    )
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: str | None = None) -> Response:
         job = self.get_object()
