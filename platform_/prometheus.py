@@ -1,6 +1,7 @@
 """GET /metrics: the shared Redis metrics in Prometheus text format.
 
-Scrape config: `- job_name: inference-platform; static_configs: [{targets: ["web:8000"]}]`. Autoscale
+Scrape config: `- job_name: inference-platform; static_configs: [{targets: ["web:8000"]}];
+authorization: {credentials: <METRICS_TOKEN>}` (the view answers 401 without it, unless METRICS_PUBLIC). Autoscale
 on `platform_queue_depth{queue="online"}` (or admission refusals), not on CPU: the article's point.
 """
 
