@@ -206,9 +206,13 @@ def test_an_upload_answers_202_while_no_worker_reads_it_then_ingests_to_completi
         assert job(client, created["id"])["status"] == "ingesting"
     finally:
         os.killpg(stack.offline.pid, signal.SIGCONT)
-    done = wait_for_end(client, created["id"])
-    assert (done["status"], done["total_rows"], done["done_rows"]) == ("succeeded", 4000, 4000)
-    assert done["ingested_rows"] == 4000 and done["ingest_progress"] == 1.0
+    ingested = wait_until(
+        lambda: (j := job(client, created["id"]))["status"] != "ingesting" and j, 60, "the ingest to finish"
+    )
+    assert ingested["status"] in ("queued", "running"), ingested
+    assert ingested["total_rows"] == ingested["ingested_rows"] == 4000 and ingested["ingest_progress"] == 1.0
+    # Running 4000 rows through the model is covered elsewhere; free the worker for the next tests.
+    assert requests.post(f"{stack.url}/api/v1/jobs/{created['id']}/cancel", headers=headers, timeout=10).ok
 
 
 def test_the_job_page_shows_ingest_progress(stack):
