@@ -26,6 +26,7 @@ class Result:
     latency_s: float
     batch_size: int = 0
     retry_after: str | None = None
+    done_at: float = 0.0  # time.monotonic() when the answer came
 
 
 @dataclass
@@ -71,10 +72,11 @@ class _Http:
         self.head = f"POST {parts.path or '/'} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n{extra}"
         self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
 
-    async def post(self, text: str, timeout_s: float) -> Result:
+    async def post(self, text: str | list[str], timeout_s: float, extra_headers: str = "") -> Result:
         started = time.perf_counter()
-        body = json.dumps({"inputs": [text]}).encode()
-        request = (self.head + f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+        body = json.dumps({"inputs": [text] if isinstance(text, str) else text}).encode()
+        head = self.head + extra_headers + f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        request = head.encode() + body
         conn = None
         try:
             async with asyncio.timeout(timeout_s):
@@ -93,7 +95,7 @@ class _Http:
         except (OSError, asyncio.IncompleteReadError, TimeoutError, ValueError):
             if conn:
                 conn[1].close()
-            return Result(0, time.perf_counter() - started)
+            return Result(0, time.perf_counter() - started, done_at=time.monotonic())
         latency = time.perf_counter() - started
         if headers.get("connection") == "close":
             conn[1].close()
@@ -105,7 +107,7 @@ class _Http:
                 batch = (json.loads(payload).get("timing") or {}).get("batch_size", 0)
             except (ValueError, AttributeError):
                 batch = 0  # answered, but not with the platform's body (the naive server's has no timing)
-        return Result(status, latency, batch, headers.get("retry-after"))
+        return Result(status, latency, batch, headers.get("retry-after"), time.monotonic())
 
     @staticmethod
     async def _response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
@@ -143,12 +145,19 @@ def _measured(body) -> Run:
 
 
 def closed_loop(
-    url: str, headers: dict[str, str], clients: int, seconds: float, seed: int = 0, timeout_s: float = 30
+    url: str,
+    headers: dict[str, str],
+    clients: int,
+    seconds: float,
+    seed: int = 0,
+    timeout_s: float = 30,
+    honour_retry_after: bool = True,
 ) -> Run:
     """`clients` concurrent clients, each sending its next request as soon as the last one is answered.
 
-    A client told 503 with Retry-After waits that long before its next request, as a well-behaved
-    client does; one that retried at once would measure how fast refusals can be made, not the service.
+    A client told 503 or 429 with Retry-After waits that long before its next request, as a
+    well-behaved client does. `honour_retry_after=False` makes a retry storm: clients (and proxies)
+    that resend at once, which the platform must survive too (benchmarks/fairness.py).
     """
 
     async def body(run: Run) -> None:
@@ -160,7 +169,8 @@ def closed_loop(
             while time.monotonic() < stop_at:
                 result = await http.post(rng.choice(CORPUS), timeout_s)
                 run.results.append(result)
-                if result.status == 503 and result.retry_after and result.retry_after.isdigit():
+                refused = result.status in (429, 503) and result.retry_after and result.retry_after.isdigit()
+                if honour_retry_after and refused:
                     await asyncio.sleep(min(int(result.retry_after), max(0.0, stop_at - time.monotonic())))
 
         await asyncio.gather(*(client(i) for i in range(clients)))

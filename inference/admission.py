@@ -218,7 +218,7 @@ class Admission:
         self.max_backlog_tokens = max_backlog_tokens
         self.client_share = client_share
         # A client's share is of what the model can drain within the default deadline: a property of
-        # the model's backlog, not of one request's own (short) deadline, which the deadline rule checks.
+        # the model, not of one request's own (short) deadline, which the deadline rule checks.
         self.default_deadline_s = default_deadline_s
         self._admit_script = client.register_script(_ADMIT_LUA)
         self._release_script = client.register_script(_RELEASE_LUA)
@@ -314,7 +314,10 @@ class Admission:
         if cost > alone_fits:
             return Decision(False, "request_too_large", 0, alone_fits, rate, cost=cost, status=413)
         usable_s = remaining_s * self.headroom
-        share_of = max_tokens if not rate else min(max_tokens, rate * self.default_deadline_s * self.headroom)
+        # A client may hold `client_share` of what the model drains within the default deadline. At the
+        # default deadline the deadline rule (at `headroom` of it) binds first for a lone client; the share
+        # bounds a client whose requests ask for long deadlines, and what any one client can queue.
+        share_of = max_tokens if not rate else min(max_tokens, rate * self.default_deadline_s)
         client_limit = max(1, int(self.client_share * share_of))
         code, ahead, all_tokens, mine, fair = await self._admit_script(
             keys=[backlog_key(spec.name), backlog_cost_key(spec.name), backlog_tokens_key(spec.name)],

@@ -166,9 +166,9 @@ def test_one_clients_excess_is_refused_with_429_while_others_are_admitted(redis_
     async def scenario():
         client, admission = await _admission(
             redis_url, model_name, children=1, done=1000, busy_s=1.0, client_share=0.5, default_deadline_s=2.0
-        )  # 1,000 tokens/s; a 2 s deadline: 2,000 tokens may wait, 1,000 of them one client's
+        )  # 1,000 tokens/s and a 2 s default deadline: one client may hold 1,000 tokens
         spec = ModelSpec(name=model_name, task="embedding", path="x", max_backlog=100)
-        deadline = time.time() + 2.0
+        deadline = time.time() + 10.0  # patient requests: the deadline rule would let them queue 10 s of work
         heavy = [await admission.admit(spec, f"h{i}", deadline, cost=300, client="heavy") for i in range(5)]
         other = await admission.admit(spec, "o", deadline, cost=300, client="other")
         await client.aclose()
