@@ -248,7 +248,7 @@ ONLINE_CONTENDED_DISPATCH_TOKENS = env.int("ONLINE_CONTENDED_DISPATCH_TOKENS", d
 # ONLINE_REFUSAL_DELAY_MS: a caller refused again within the refusal hold gets its 503/429 after this
 # delay. A client that retries at once (ignoring Retry-After) then costs one cheap refusal per delay
 # instead of a flood of them, and cannot take the CPU the model needs. 0: answer at once.
-ONLINE_REFUSAL_DELAY_MS = env.float("ONLINE_REFUSAL_DELAY_MS", default=250.0)
+ONLINE_REFUSAL_DELAY_MS = env.float("ONLINE_REFUSAL_DELAY_MS", default=1000.0)
 # ONLINE_MAX_JSON_DEPTH / ONLINE_MAX_NUMBER_DIGITS: a predict body nested deeper, or with an integer
 # longer than this, is refused with 400 before it can exhaust the parser.
 ONLINE_MAX_JSON_DEPTH = env.int("ONLINE_MAX_JSON_DEPTH", default=32)
