@@ -97,9 +97,7 @@ def windows(results: list[Result], started: float, width_s: float = 5.0) -> list
     for r in results:
         window = int((r.done_at - started) // width_s)
         counts.setdefault(window, Counter())[r.status] += 1
-    return [
-        (int(w * width_s), c[200], c[503] + c[429]) for w, c in sorted(counts.items()) if w >= 0
-    ]
+    return [(int(w * width_s), c[200], c[503] + c[429]) for w, c in sorted(counts.items()) if w >= 0]
 
 
 def main() -> None:
@@ -118,7 +116,11 @@ def main() -> None:
     lines = [f"# Fairness and hostile load, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", ""]
     peak = 0.0
     if "steps" not in skip:
-        lines += ["## Closed loop, well-behaved clients", "", "| clients | answered req/s | P50 ms | P99 ms | 503 | 429 |"]
+        lines += [
+            "## Closed loop, well-behaved clients",
+            "",
+            "| clients | answered req/s | P50 ms | P99 ms | 503 | 429 |",
+        ]
         lines += ["|---|---|---|---|---|---|"]
         for clients in [int(c) for c in args.steps.split(",")]:
             run = closed_loop(url, {"Authorization": f"Token {light}"}, clients, args.seconds, seed=clients)
