@@ -335,3 +335,14 @@ def test_repeated_bad_passwords_at_the_login_form_get_429(strict_web, fresh_fail
     _assert_throttled(attempt("wrong-password"))
     _assert_throttled(attempt(TESTER_PASSWORD))
     assert "sessionid" not in session.cookies
+    # The admin's login form counts against the same address.
+    admin_login = f"{strict_web}/admin/login/"
+    session.get(admin_login, timeout=10)
+    admin = session.post(
+        admin_login,
+        data={"username": "boss", "password": TESTER_PASSWORD, "csrfmiddlewaretoken": session.cookies["csrftoken"]},
+        headers={"Referer": admin_login},
+        timeout=10,
+        allow_redirects=False,
+    )
+    _assert_throttled(admin)
