@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import secrets
 import select
 import socket
@@ -196,6 +197,34 @@ def test_legitimate_chunked_upload_within_the_limit_is_accepted(stack):
 
     job = wait_until(finished, 120, "the chunked upload's job to finish")
     assert job["status"] == "succeeded" and job["total_rows"] == rows and job["done_rows"] == rows, job
+
+
+def test_legitimate_chunked_upload_through_the_web_page_is_accepted(stack):
+    browser = stack.browser_login("tester")
+    browser.get(f"{stack.url}/jobs/", timeout=10)
+    csv_bytes = b"key,text\n" + b"".join(b"k%d,refund for order %d\n" % (i, i) for i in range(30))
+    body = multipart_csv(
+        csv_bytes,
+        csrfmiddlewaretoken=browser.cookies["csrftoken"],
+        model="router",
+        text_column="text",
+        id_column="key",
+        encoding="utf-8",
+    )
+    cookies = "; ".join(f"{name}={value}" for name, value in browser.cookies.items())
+    target = urlparse(stack.url)
+    conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+    conn.request(
+        "POST",
+        "/jobs/",
+        body=_chunks(body, 500),
+        headers={"Cookie": cookies, "Content-Type": f"multipart/form-data; boundary={BOUNDARY}"},
+    )
+    response = conn.getresponse()
+    page = response.read().decode(errors="replace")
+    conn.close()
+    assert response.status == 302, page[-2000:]
+    assert re.match(r"^/jobs/\d+/$", response.getheader("Location")), "the page should redirect to the new job"
 
 
 # ---------------------------------------------------------------------------------------------
