@@ -110,7 +110,7 @@ def _host_refusal(scope) -> HttpResponse | None:
     raw = None
     for name, value in scope["headers"]:
         if name == b"x-forwarded-host" and settings.USE_X_FORWARDED_HOST:
-            raw = value.decode("latin-1").split(",")[-1].strip()
+            raw = value.decode("latin-1")  # the whole value, as Django takes it
             break
         if name == b"host" and raw is None:
             raw = value.decode("latin-1")
@@ -126,6 +126,7 @@ def _host_refusal(scope) -> HttpResponse | None:
         detail = f"Invalid HTTP_HOST header: {raw!r}."
         detail += f" You may need to add {domain!r} to ALLOWED_HOSTS." if domain else " It is not a valid host name."
         answer = JsonResponse({"detail": detail, "code": "disallowed_host"}, status=400)
+        answer["Connection"] = "close"  # the body stays unread: the server must not read on to a next request
     if len(_host_answers) >= _HOST_ANSWERS_MAX:
         _host_answers.clear()
     _host_answers[raw] = answer
