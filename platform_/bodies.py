@@ -30,7 +30,7 @@ from django.http import HttpResponse, JsonResponse
 
 # The predict view's own authentication helpers, so an upload and a predict call share one token cache
 # and one failed-authentication throttle.
-from inference.api.auth import _session_user, _user_for_token
+from inference.api.auth import session_user, user_for_token
 from platform_.errors import ApiError
 
 # The endpoints that take a CSV upload: POST /api/v1/jobs (jobs/api/urls.py) and the upload form on
@@ -93,11 +93,11 @@ async def anonymous_upload_refusal(scope: dict, kind: str) -> HttpResponse | Non
     header = request.headers.get("Authorization", "")
     if kind == "api" and header.partition(" ")[0].lower() == "token":
         try:
-            await _user_for_token(header.partition(" ")[2].strip(), request.META.get("REMOTE_ADDR", ""))
+            await user_for_token(header.partition(" ")[2].strip(), request.META.get("REMOTE_ADDR", ""))
             return None
         except ApiError as error:
             return error.response()
-    if (await _session_user(request)).is_authenticated:
+    if (await session_user(request)).is_authenticated:
         return None
     if kind == "page":
         return redirect_to_login(request.get_full_path())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.http import JsonResponse
+from django.http import Http404, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -43,6 +43,8 @@ def _flatten(detail: Any, prefix: str = "") -> list[str]:
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
     """DRF's handler, with validation errors flattened into one readable `detail` (fields kept in `errors`)."""
+    if isinstance(exc, Http404):  # DRF answers it, but without our `code`: make it the API's own 404
+        exc = exceptions.NotFound(str(exc) or "not found")
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

@@ -20,12 +20,12 @@ ERROR_SCHEMA = {
 _UNSAFE = {"post", "put", "patch", "delete"}
 
 
-# DRF answers a lookup of a missing object (django.http.Http404) with {"detail"} only: platform_/errors.py
-# adds `code` to DRF's own exceptions, and Http404 is not one. Documented as it is until that is fixed.
+# A lookup of a missing object (django.http.Http404) is turned into DRF's NotFound by platform_/errors.py,
+# so it carries `code` like every other error.
 NOT_FOUND_SCHEMA = {
     "type": "object",
     "properties": {"detail": {"type": "string"}, "code": {"type": "string", "enum": ["not_found"]}},
-    "required": ["detail"],
+    "required": ["detail", "code"],
 }
 
 

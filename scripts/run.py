@@ -102,6 +102,7 @@ def banner(web: str, flower_port: int, creds: dict[str, str]) -> str:
         f"  Admin      {web}/admin/   (user admin)",
         f"  Flower     http://127.0.0.1:{flower_port}/   (basic auth from var/credentials.json)",
         f"  Ready      {web}/api/v1/ready",
+        f"  Metrics    {web}/metrics   (Authorization: Bearer <the token in var/metrics_token>, or log in as admin)",
     ]
     if creds["first_time"]:
         lines += [

@@ -30,7 +30,7 @@ def _unauthenticated(detail: str) -> ApiError:
     return ApiError(401, "not_authenticated", detail, headers={"WWW-Authenticate": "Token"})
 
 
-async def _user_for_token(key: str, client_ip: str) -> Any:
+async def user_for_token(key: str, client_ip: str) -> Any:
     now = time.monotonic()
     cached = _token_cache.get(key)
     if cached and cached[0] > now:
@@ -58,7 +58,7 @@ def _load_session_user(request: Any) -> Any:
     return get_user(request)
 
 
-async def _session_user(request: Any) -> Any:
+async def session_user(request: Any) -> Any:
     """The session's user. Predict runs without middleware (platform_/asgi.py), so the session is loaded here."""
     if not hasattr(request, "session") and not request.COOKIES.get(settings.SESSION_COOKIE_NAME):
         return AnonymousUser()
@@ -81,8 +81,8 @@ async def authenticate(request: Any) -> Any:
         scheme, _, key = header.partition(" ")
         if scheme.lower() not in ("token", "bearer") or not key.strip():
             raise _unauthenticated("Authorization header must be 'Token <key>'")
-        return await _user_for_token(key.strip(), request.META.get("REMOTE_ADDR", ""))
-    user = await _session_user(request)
+        return await user_for_token(key.strip(), request.META.get("REMOTE_ADDR", ""))
+    user = await session_user(request)
     if user.is_authenticated:
         _enforce_csrf(request)
         return user
