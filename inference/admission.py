@@ -38,9 +38,10 @@ local function forget(ids)
     if v then
       local sep = string.find(v, ':', 1, true)
       local cost = tonumber(string.sub(v, 1, sep - 1))
-      local field = 'c:' .. string.sub(v, sep + 1)
+      local who = string.sub(v, sep + 1)
       redis.call('HINCRBY', KEYS[3], 'all', -cost)
-      if redis.call('HINCRBY', KEYS[3], field, -cost) <= 0 then redis.call('HDEL', KEYS[3], field) end
+      if redis.call('HINCRBY', KEYS[3], 'c:' .. who, -cost) <= 0 then redis.call('HDEL', KEYS[3], 'c:' .. who) end
+      if redis.call('HINCRBY', KEYS[3], 'n:' .. who, -1) <= 0 then redis.call('HDEL', KEYS[3], 'n:' .. who) end
       redis.call('HDEL', KEYS[2], id)
     end
   end
@@ -49,7 +50,8 @@ end
 
 # Atomic across web processes: forget expired entries, then check every limit, then add.
 # ARGV: now, id, deadline, max requests, max tokens, cost, client, rate (tokens/s, 0 = unknown),
-#       usable seconds, client limit (tokens).
+#       usable seconds, client limit (tokens), client limit (requests).
+# KEYS[3] also counts each client's requests ("n:<client>").
 # Returns {code, requests ahead, tokens ahead, the client's tokens ahead, tokens served before this one}.
 _ADMIT_LUA = (
     _FORGET_LUA
@@ -70,17 +72,21 @@ for i = 1, #totals, 2 do
 end
 local fair = mine + cost
 for i = 1, #totals, 2 do
-  if totals[i] ~= 'all' and totals[i] ~= mine_field then fair = fair + math.min(tonumber(totals[i + 1]), mine + cost) end
+  local f = totals[i]
+  if string.sub(f, 1, 2) == 'c:' and f ~= mine_field then fair = fair + math.min(tonumber(totals[i + 1]), mine + cost) end
 end
-if n >= tonumber(ARGV[4]) or (n > 0 and all + cost > tonumber(ARGV[5])) then return {0, n, all, mine, fair} end
+-- The client's own share first: one client filling a global limit must be told so, not everyone.
 local limit = tonumber(ARGV[10])
-if limit > 0 and mine > 0 and mine + cost > limit then return {-2, n, all, mine, fair} end
+local mine_n = tonumber(redis.call('HGET', KEYS[3], 'n:' .. ARGV[7]) or '0')
+if mine > 0 and (mine + cost > limit or mine_n >= tonumber(ARGV[11])) then return {-2, n, all, mine, fair} end
+if n >= tonumber(ARGV[4]) or (n > 0 and all + cost > tonumber(ARGV[5])) then return {0, n, all, mine, fair} end
 local rate = tonumber(ARGV[8])
 if rate > 0 and fair / rate > tonumber(ARGV[9]) then return {-1, n, all, mine, fair} end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[6] .. ':' .. ARGV[7])
 redis.call('HINCRBY', KEYS[3], 'all', cost)
 redis.call('HINCRBY', KEYS[3], mine_field, cost)
+redis.call('HINCRBY', KEYS[3], 'n:' .. ARGV[7], 1)
 for i = 1, 3 do redis.call('EXPIRE', KEYS[i], 3600) end
 return {1, n, all, mine, fair}
 """
@@ -140,6 +146,7 @@ class Decision:
     tokens_ahead: int = 0  # tokens served before this request would be done (fair estimate)
     client_tokens: int = 0  # tokens this client already has waiting
     status: int = 503
+    client_requests: int = 0  # the most requests one client may have waiting
 
     @property
     def predicted_wait_s(self) -> float | None:
@@ -156,7 +163,8 @@ class Decision:
         if self.reason == "client_backlog_full":
             return (
                 f"this client already has {self.client_tokens} tokens of requests waiting for model {model!r}; "
-                f"one client may hold at most {self.limit} tokens at a time and this request costs {self.cost}; "
+                f"one client may hold at most {self.limit} tokens ({self.client_requests} requests) at a time "
+                f"and this request costs {self.cost}; "
                 f"retry once earlier requests are answered, or send fewer texts at a time"
             )
         if self.reason == "request_too_large":
@@ -203,6 +211,7 @@ class Admission:
         max_backlog_tokens: int = 1 << 40,
         client_share: float = 1.0,
         default_deadline_s: float = 2.0,
+        request_overhead: int = 0,
     ) -> None:
         self.client = client
         # After a refusal, the same answer is given for this long without asking Redis (see held_refusal).
@@ -220,6 +229,9 @@ class Admission:
         # A client's share is of what the model can drain within the default deadline: a property of
         # the model, not of one request's own (short) deadline, which the deadline rule checks.
         self.default_deadline_s = default_deadline_s
+        # A request no bigger than twice the fixed cost of one is never "too large": when it does not
+        # fit its deadline, the deadline is the problem (503 deadline), not its size.
+        self.request_overhead = request_overhead
         self._admit_script = client.register_script(_ADMIT_LUA)
         self._release_script = client.register_script(_RELEASE_LUA)
         self._capacity: dict[str, tuple[float, int, float | None]] = {}
@@ -254,27 +266,23 @@ class Admission:
         return children, rate
 
     def held_refusal(self, model: str, client_key: str, deadline_ms: float) -> Decision | None:
-        """This process's last refusal for `model` and this client (or for everyone), if it is recent
-        and would apply to this request too.
+        """This process's last refusal of this caller for `model`, if it is recent and would apply to
+        this request too.
 
         No I/O: under overload most requests are refused, and asking Redis each time cost the web
         tier CPU that the workers needed. Safe for goodput: the hold is never longer than the work the
-        refused request saw queued ahead of it (see admit); a backlog_full refusal applies to any
-        request; a client's share and deadline refusals to the same client, the latter only to a
-        request whose deadline the same rule, on the same figures, would refuse.
+        refused request saw queued ahead of it (see admit); a backlog_full or client share refusal
+        applies to the same caller's next requests; a deadline refusal only to a request whose deadline
+        the same rule, on the same figures, would refuse.
         """
-        now = time.monotonic()
-        for key in ((model, ""), (model, client_key)):
-            held = self._held.get(key)
-            if held is None or now >= held[0]:
-                continue
-            decision = held[1]
-            if decision.reason in ("backlog_full", "client_backlog_full"):
-                return decision
-            wait_s = decision.predicted_wait_s
-            if wait_s is not None and wait_s > self.headroom * deadline_ms / 1000:
-                return decision
-        return None
+        held = self._held.get((model, client_key))
+        if held is None or time.monotonic() >= held[0]:
+            return None
+        decision = held[1]
+        if decision.reason in ("backlog_full", "client_backlog_full"):
+            return decision
+        wait_s = decision.predicted_wait_s
+        return decision if wait_s is not None and wait_s > self.headroom * deadline_ms / 1000 else None
 
     def _hold(self, model: str, client_key: str, decision: Decision, remaining_s: float) -> None:
         if self.refusal_hold_s <= 0:
@@ -286,8 +294,9 @@ class Admission:
             return
         if len(self._held) > 10_000:
             self._held.clear()
-        key = (model, "" if decision.reason == "backlog_full" else client_key)
-        self._held[key] = (time.monotonic() + hold_s, decision)
+        # Always this caller's own hold: another client's request may still be admitted (a global limit
+        # that this client filled is re-checked for the next caller, not held against it).
+        self._held[(model, client_key)] = (time.monotonic() + hold_s, decision)
 
     async def admit(
         self,
@@ -309,9 +318,11 @@ class Admission:
             return Decision(False, "no_worker", 0, spec.max_backlog, None, retry_after_s=retry, cost=cost)
         now = time.time()
         remaining_s = deadline - now
+        if remaining_s <= 0:
+            return Decision(False, "deadline", 0, spec.max_backlog, rate, 1, cost)
         max_tokens = self.max_backlog_tokens
         alone_fits = max_tokens if not rate else min(max_tokens, int(rate * remaining_s * ALONE_SHARE))
-        if cost > alone_fits:
+        if cost > alone_fits and cost > 2 * self.request_overhead:
             return Decision(False, "request_too_large", 0, alone_fits, rate, cost=cost, status=413)
         usable_s = remaining_s * self.headroom
         # A client may hold `client_share` of what the model drains within the default deadline. At the
@@ -319,6 +330,7 @@ class Admission:
         # bounds a client whose requests ask for long deadlines, and what any one client can queue.
         share_of = max_tokens if not rate else min(max_tokens, rate * self.default_deadline_s)
         client_limit = max(1, int(self.client_share * share_of))
+        client_requests = max(1, int(self.client_share * spec.max_backlog))
         code, ahead, all_tokens, mine, fair = await self._admit_script(
             keys=[backlog_key(spec.name), backlog_cost_key(spec.name), backlog_tokens_key(spec.name)],
             args=[
@@ -332,6 +344,7 @@ class Admission:
                 rate or 0,
                 usable_s,
                 client_limit,
+                client_requests,
             ],
         )
         ahead, all_tokens, mine, fair = int(ahead), int(all_tokens), int(mine), int(fair)
@@ -347,7 +360,9 @@ class Admission:
             decision = Decision(False, "backlog_full", ahead, limit, rate, retry, cost, fair, mine)
         elif code == -2:
             retry = retry_after_s("client_backlog_full", mine + cost, client_limit, rate, usable_s)
-            decision = Decision(False, "client_backlog_full", ahead, client_limit, rate, retry, cost, fair, mine, 429)
+            decision = Decision(
+                False, "client_backlog_full", ahead, client_limit, rate, retry, cost, fair, mine, 429, client_requests
+            )
         else:
             retry = retry_after_s("deadline", fair, 0, rate, usable_s)
             decision = Decision(False, "deadline", ahead, spec.max_backlog, rate, retry, cost, fair, mine)

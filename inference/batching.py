@@ -122,8 +122,11 @@ class AdaptiveBatches(Batches):
     # Main-process machinery ------------------------------------------------------------------
     def Strategy(self, task: Batches, app: Any, consumer: Any) -> Callable[..., None]:
         handle = super().Strategy(task, app, consumer)
+        # Called again after a broker reconnect, whose event loop cleared every timer: wake-ups and the
+        # heartbeat are armed anew on the new timer.
         self._timer = consumer.timer
         self._tref = _NoFixedTimer()
+        self._wake = None
         self.on_consumer_ready(consumer)
 
         def on_message(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kw: Any) -> None:
@@ -136,8 +139,8 @@ class AdaptiveBatches(Batches):
         return on_message
 
     def on_consumer_ready(self, consumer: Any) -> None:
-        """Called in the worker's main process when this task's strategy is built: starts the
-        dispatcher heartbeat (once per process, whichever batch task comes first)."""
+        """Called in the worker's main process when this task's strategy is built (at start and after
+        each broker reconnect): (re)starts the dispatcher heartbeat on the consumer's timer."""
         start_dispatcher_heartbeat(consumer.timer, os.environ.get("WORKER_QUEUE", "online"))
 
     @property
@@ -154,17 +157,19 @@ class AdaptiveBatches(Batches):
         for request in consume_queue(self._buffer):
             self.policy.add(self.work_for(request, self._received_at.get(request.id, now)))
         plan = self.policy.plan(self._children() - self._in_flight, self._children(), now)
-        if plan.expired:
-            expired = [w.key for w in plan.expired]
-            for request in expired:
-                self._received_at.pop(request.id, None)
-                if not request.task.acks_late:
-                    request.acknowledge()
-            self.on_expired(expired)
         for dispatch in plan.dispatches:
             self._send(dispatch, now)
         if plan.wake_in_s is not None and self._wake is None:
             self._wake = self._timer.call_after(plan.wake_in_s, self._on_wake)
+        if plan.expired:
+            expired = [w.key for w in plan.expired]
+            for request in expired:
+                self._received_at.pop(request.id, None)
+                request.acknowledge()  # never computed, never redelivered: its deadline has passed
+            try:
+                self.on_expired(expired)
+            except Exception:  # counting them must not stop dispatching
+                logger.warning("could not record %d expired requests", len(expired), exc_info=True)
 
     def _on_wake(self) -> None:
         self._wake = None
@@ -182,6 +187,9 @@ class AdaptiveBatches(Batches):
                 kwargs["tokens"] = kwargs["tokens"][piece.start : piece.end]
             kwargs["part"] = [piece.start, piece.end, len(piece.work.costs)]
             item.kwargs = kwargs
+            # request_dict holds the whole message's kwargs too: without this, every slice would carry
+            # all of the request's texts through the pool pipe.
+            item.request_dict = {**(item.request_dict or {}), "kwargs": kwargs}
         if piece.last:
             self._received_at.pop(request.id, None)
         return item
@@ -211,8 +219,12 @@ class AdaptiveBatches(Batches):
             self._in_flight -= 1
             logger.error("a worker child died running %d requests: %r", len(simple), exc)
             self.on_lost(simple, f"the worker process died: {exc!r}")
+            for request in early:  # their callers were told; a redelivery would be computed for nobody
+                request.acknowledge()
             for request in late:
                 request.reject(requeue=True)
+            for piece in pieces:  # what is left of a sliced request: its caller has its error already
+                self.policy.discard(piece.work)
             self._dispatch()
 
         self._pool.apply_async(

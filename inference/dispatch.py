@@ -146,6 +146,18 @@ class FairDispatcher:
     def add(self, work: Work) -> None:
         self._models.setdefault(work.model, _ModelQueue()).add(work)
 
+    def discard(self, work: Work) -> None:
+        """Forget what is left of `work` (its caller has been answered with an error)."""
+        queue = self._models.get(work.model)
+        waiting = queue.clients.get(work.client) if queue else None
+        if waiting is None or work not in waiting:
+            return
+        waiting.remove(work)
+        if not waiting:
+            del queue.clients[work.client]
+        if not queue.clients:
+            del self._models[work.model]
+
     def __len__(self) -> int:
         return sum(len(q) for m in self._models.values() for q in m.clients.values())
 
@@ -191,7 +203,9 @@ class FairDispatcher:
             work = queue.clients[client][0]
             start = work.next_text
             end = start
-            if work.divisible:
+            if not work.costs:
+                pass  # nothing to compute, but it must still leave the queue (and be answered)
+            elif work.divisible:
                 while end < len(work.costs):
                     cost = work.costs[end]
                     if (texts or end > start) and (texts + 1 > texts_budget or tokens + cost > tokens_budget):
@@ -203,7 +217,7 @@ class FairDispatcher:
                     end = start
                 else:
                     texts, tokens, end = texts + size, tokens + cost, len(work.costs)
-            if end == start:
+            if end == start and work.costs:
                 break  # the fairest next piece does not fit: the dispatch is full
             piece = Slice(work, start, end)
             taken.append(piece)

@@ -70,6 +70,7 @@ def get_admission() -> Admission:
             max_backlog_tokens=settings.ONLINE_MAX_BACKLOG_TOKENS,
             client_share=settings.ONLINE_CLIENT_SHARE,
             default_deadline_s=settings.ONLINE_DEADLINE_MS / 1000,
+            request_overhead=settings.ONLINE_REQUEST_OVERHEAD_TOKENS,
         )
         _admissions[loop] = admission
     return admission
@@ -102,20 +103,30 @@ async def predict(
     if not decision.admitted:
         raise Refused(decision, admission_ms)
     redis_client = get_async_redis()
+    kwargs = {
+        "model": spec.name,
+        "inputs": texts,
+        "tokens": tokens,
+        "client": client,
+        "deadline": deadline,
+        "enqueued_at": time.time(),
+        "request_id": request_id,
+    }
     try:
-        kwargs = {
-            "model": spec.name,
-            "inputs": texts,
-            "tokens": tokens,
-            "client": client,
-            "deadline": deadline,
-            "enqueued_at": time.time(),
-            "request_id": request_id,
-        }
         await publish(redis_client, task_id, ONLINE_QUEUE, kwargs)
+    except BaseException:
+        await admission.release(spec.name, task_id)  # nothing (or nothing we know of) was queued
+        raise
+    try:
         reply = await gather_reply(redis_client, task_id, len(texts), deadline)
-    finally:
+    except asyncio.CancelledError:
+        # The caller hung up, but its work is still queued and will take the model's time: its tokens
+        # stay counted until its deadline (or a send-and-hang-up loop would bypass admission).
+        raise
+    except BaseException:
         await admission.release(spec.name, task_id)
+        raise
+    await admission.release(spec.name, task_id)
     if reply is None:
         raise DeadlineExceeded(deadline_ms, admission_ms)
     if not reply["ok"]:

@@ -49,6 +49,7 @@ async def gather_reply(client: aredis.Redis, task_id: str, texts: int, deadline:
     The first failed part is the answer: the caller gets that error, not a partial result.
     """
     outputs: list[Any] = [None] * texts
+    seen: set[int] = set()  # part starts already gathered: a redelivered duplicate is not counted twice
     covered = 0
     merged: dict[str, Any] | None = None
     while covered < texts:
@@ -56,6 +57,9 @@ async def gather_reply(client: aredis.Redis, task_id: str, texts: int, deadline:
         if reply is None or not reply["ok"]:
             return reply
         start, end, _ = reply.get("part") or (0, texts, texts)
+        if start in seen:
+            continue
+        seen.add(start)
         outputs[start:end] = reply["outputs"]
         covered += end - start
         if merged is None:
@@ -65,7 +69,8 @@ async def gather_reply(client: aredis.Redis, task_id: str, texts: int, deadline:
             last["queue_wait_ms"] = first["queue_wait_ms"]
             last["batch_size"] = max(first["batch_size"], last["batch_size"])
             merged = reply
-    assert merged is not None
+    if merged is None or any(output is None for output in outputs):
+        return {"ok": False, "error": "the worker's answer was incomplete", "code": "worker_failed"}
     merged["outputs"] = outputs
     merged.pop("part", None)
     return merged

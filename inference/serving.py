@@ -47,6 +47,11 @@ def part_of(request: Any) -> dict[str, Any]:
     return {"part": part} if part else {}
 
 
+def _is_last_part(request: Any) -> bool:
+    part = request.kwargs.get("part")
+    return not part or part[1] == part[2]
+
+
 def _offset(request: Any) -> int:
     part = request.kwargs.get("part")
     return part[0] if part else 0
@@ -150,9 +155,9 @@ def _serve_model(model: str, group: list[Any], client: redis.Redis, state: Worke
         done=len(live),
         texts=len(texts),
         busy_s=time.time() - started,
-        # Priced as admission prices them: tokens plus a fixed overhead per request (or slice).
+        # Priced as admission prices them: tokens plus a fixed overhead per request, counted on its last slice.
         tokens=sum(sum(r.kwargs.get("tokens") or ()) for r in live)
-        + settings.ONLINE_REQUEST_OVERHEAD_TOKENS * len(live),
+        + settings.ONLINE_REQUEST_OVERHEAD_TOKENS * sum(1 for r in live if _is_last_part(r)),
         expired=expired,
         pass_sizes=[p.size for p in distinct],
         inference_s=sum(p.end - p.start for p in distinct),

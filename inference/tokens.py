@@ -28,18 +28,30 @@ def _tokenizer(path: str, max_length: int) -> Tokenizer:
 
 
 def token_counts(spec: ModelSpec, texts: list[str]) -> list[int]:
-    """Tokens the model will see for each text (after truncation to its max_seq_length)."""
+    """Tokens the model will see for each text (after truncation to its max_seq_length).
+
+    The tokenizer truncates only after encoding a whole text, so each text is cut first to a prefix
+    that holds more than max_seq_length tokens of any ordinary text (8 characters a token): a request
+    of 64 texts of 10,000 characters costs the event loop what 64 texts of ~2,000 do. A text whose
+    prefix still comes out short is counted whole.
+    """
     tokenizer = _tokenizer(str(spec.resolved_path()), spec.max_seq_length)
+    prefix_chars = 8 * spec.max_seq_length
+    heads = [text[:prefix_chars] for text in texts]
     try:
-        return [len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=True)]
+        counts = [len(e.ids) for e in tokenizer.encode_batch(heads, add_special_tokens=True)]
     except Exception:
-        pass  # find the text the tokenizer refuses, and say which it is
-    counts = []
+        counts = [_count_one(tokenizer, spec, index, text) for index, text in enumerate(heads)]
     for index, text in enumerate(texts):
-        try:
-            counts.append(len(tokenizer.encode(text, add_special_tokens=True).ids))
-        except Exception as exc:
-            raise ApiError(
-                400, "invalid_input", f"inputs[{index}] cannot be tokenized by model {spec.name!r}: {exc}"
-            ) from None
+        if len(text) > prefix_chars and counts[index] < spec.max_seq_length:
+            counts[index] = _count_one(tokenizer, spec, index, text)
     return counts
+
+
+def _count_one(tokenizer: Tokenizer, spec: ModelSpec, index: int, text: str) -> int:
+    try:
+        return len(tokenizer.encode(text, add_special_tokens=True).ids)
+    except Exception as exc:  # say which text the tokenizer refuses
+        raise ApiError(
+            400, "invalid_input", f"inputs[{index}] cannot be tokenized by model {spec.name!r}: {exc}"
+        ) from None

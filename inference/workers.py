@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import sys
 import threading
@@ -150,7 +151,7 @@ def record_batch(
     pipe.execute()
 
 
-_dispatcher_beating: int | None = None
+_dispatcher_beat: Any = None  # the timer entry of this process's dispatcher heartbeat
 
 
 def dispatcher_id() -> str:
@@ -164,20 +165,27 @@ def start_dispatcher_heartbeat(timer: Any, queue: str) -> None:
 
     from platform_.redis import get_redis
 
-    global _dispatcher_beating
-    if _dispatcher_beating == os.getpid():
-        return
-    _dispatcher_beating = os.getpid()
+    global _dispatcher_beat
+    if _dispatcher_beat is not None:
+        try:
+            _dispatcher_beat.cancel()  # the old timer's entry, if that timer still runs it
+        except Exception:
+            pass
     client, me = get_redis(), dispatcher_id()
 
     def beat() -> None:
         try:
-            client.hset(DISPATCHERS_KEY, me, json.dumps({"queue": queue, "ts": time.time()}))
+            now = time.time()
+            client.hset(DISPATCHERS_KEY, me, json.dumps({"queue": queue, "ts": now}))
+            if random.random() < 0.01:  # now and then, forget dispatchers gone for an hour
+                stale = [k for k, v in client.hgetall(DISPATCHERS_KEY).items() if now - json.loads(v)["ts"] > 3600]
+                if stale:
+                    client.hdel(DISPATCHERS_KEY, *stale)
         except redis.RedisError:
             pass  # readers see this dispatcher as stale until Redis answers again
 
     beat()
-    timer.call_repeatedly(settings.DISPATCHER_HEARTBEAT_S, beat)
+    _dispatcher_beat = timer.call_repeatedly(settings.DISPATCHER_HEARTBEAT_S, beat)
 
 
 def live_dispatchers(raw: dict[str, str], interval_s: float, now: float | None = None) -> set[str]:

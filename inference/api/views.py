@@ -121,7 +121,8 @@ def client_key(headers: Any) -> str:
     """
     authorization = headers.get("authorization") or headers.get("Authorization")
     if authorization:
-        return authorization
+        # "Token k", "Bearer k" and extra spaces are the same caller: one key, one hold.
+        return authorization.strip().rpartition(" ")[2]
     cookies = parse_cookie(headers.get("cookie") or headers.get("Cookie") or "")
     session = cookies.get(settings.SESSION_COOKIE_NAME)
     return f"session:{session}" if session else ""
@@ -149,7 +150,7 @@ def early_refusal(request_headers: dict[str, str], name: str) -> JsonResponse | 
     error = _refusal(name, decision, 0.0)
     request_id = _request_id(request_headers.get("x-request-id"))
     timing = {"admission_ms": 0.0, "total_ms": (time.time() - started_at) * 1000}
-    observe(model=name, status=503, code=error.code, timing=timing, request_id=request_id, texts=[])
+    observe(model=name, status=error.status, code=error.code, timing=timing, request_id=request_id, texts=[])
     response = error.response()
     response["Server-Timing"] = server_timing(timing)
     # A caller refused again within the hold is retrying without waiting: answering it later (never

@@ -283,3 +283,36 @@ def test_after_an_idle_window_the_last_measured_rate_is_used(redis_url, model_na
     measured, after_idle = run(scenario())
     assert measured == (2, pytest.approx(20.0))
     assert after_idle == (2, pytest.approx(20.0)), "a quiet spell must not turn the drain rate into 'unknown'"
+
+
+def test_one_client_filling_the_request_limit_is_refused_alone(redis_url, model_name):
+    """A client that sends many tiny requests meets its own request cap (429) before the model's
+    global one, and its refusals are not held against other callers."""
+
+    async def scenario():
+        client, admission = await _admission(
+            redis_url, model_name, children=1, done=0, busy_s=0, client_share=0.5, refusal_hold_s=5.0
+        )
+        spec = ModelSpec(name=model_name, task="embedding", path="x", max_backlog=10)
+        deadline = time.time() + 30
+        flood = [await admission.admit(spec, f"t{i}", deadline, client="tiny", client_key="Token t") for i in range(7)]
+        held_for_other = admission.held_refusal(model_name, "Token o", 2000)
+        other = await admission.admit(spec, "o", deadline, client="other", client_key="Token o")
+        await client.aclose()
+        return flood, held_for_other, other
+
+    flood, held_for_other, other = run(scenario())
+    assert [d.admitted for d in flood] == [True] * 5 + [False] * 2
+    assert flood[5].reason == "client_backlog_full" and "(5 requests)" in flood[5].message("m")
+    assert held_for_other is None and other.admitted
+
+
+def test_a_request_whose_deadline_has_passed_is_a_deadline_refusal_not_too_large(redis_url, model_name):
+    async def scenario():
+        client, admission = await _admission(redis_url, model_name, children=1, done=1000, busy_s=1.0)
+        decision = await admission.admit(ModelSpec(name=model_name, task="embedding", path="x"), "r", time.time() - 1)
+        await client.aclose()
+        return decision
+
+    decision = run(scenario())
+    assert not decision.admitted and decision.reason == "deadline" and decision.status == 503

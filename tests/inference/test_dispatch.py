@@ -154,3 +154,24 @@ def test_each_dispatch_holds_one_model_oldest_first():
     d.add(work("m1", model="m", at=1.0))
     plan = d.plan(2, 2, 5.0)
     assert [[s.work.model for s in x] for x in plan.dispatches] == [["n"], ["m"]]
+
+
+def test_what_is_left_of_a_discarded_request_is_never_dispatched():
+    d = FairDispatcher(LIMITS)
+    big = work("big", costs=[300] * 10, model="n")
+    d.add(big)
+    d.add(work("other", client="b", costs=[1], model="n", at=1))
+    d.plan(1, 1, 2.0)  # a first slice of "big" (or "other") goes
+    d.discard(big)  # its caller got an error for a lost slice
+    left = [s.work.key for _ in range(5) for x in d.plan(1, 1, 3.0).dispatches for s in x]
+    assert "big" not in left and len(d) == 0
+
+
+def test_a_request_with_no_texts_still_leaves_the_queue():
+    d = FairDispatcher(LIMITS)
+    d.add(work("empty", costs=[]))
+    d.add(work("r", client="b", at=1))
+    first = d.plan(1, 1, 2.0).dispatches[0]
+    assert [s.work.key for s in first][0] == "empty"
+    while len(d):
+        d.plan(1, 1, 2.0)
