@@ -12,7 +12,9 @@ class UploadForm(forms.Form):
     model = forms.ChoiceField()
     text_column = forms.CharField(initial="text")
     id_column = forms.CharField(required=False, help_text="optional: a column copied to the results")
-    encoding = forms.CharField(initial="utf-8", help_text="utf-8, latin-1, gbk, ...; a UTF-8/16/32 byte-order mark is honoured")
+    encoding = forms.CharField(
+        initial="utf-8", help_text="utf-8, latin-1, gbk, ...; a UTF-8/16/32 byte-order mark is honoured"
+    )
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -183,6 +183,7 @@ class Stack:
     url: str
     token: str
     other_token: str
+    third_token: str
     redis: redis.Redis
     worker: subprocess.Popen
     offline: subprocess.Popen
@@ -194,11 +195,12 @@ class Stack:
     def headers(self, **extra: str) -> dict[str, str]:
         return {"Authorization": f"Token {self.token}", **extra}
 
-    def predict(self, model: str, inputs, **headers: str) -> requests.Response:
+    def predict(self, model: str, inputs, *, token: str | None = None, **headers: str) -> requests.Response:
+        """A predict call as the test user, or as the user of `token` (each user is a client of its own)."""
         return requests.post(
             f"{self.url}/api/v1/models/{model}/predict",
             json={"inputs": inputs},
-            headers=self.headers(**headers),
+            headers={**self.headers(**headers), **({"Authorization": f"Token {token}"} if token else {})},
             timeout=30,
         )
 
@@ -273,6 +275,8 @@ def stack(
         token = Token.objects.get_or_create(user=user)[0].key
         other, _ = get_user_model().objects.get_or_create(username="other")
         other_token = Token.objects.get_or_create(user=other)[0].key
+        third, _ = get_user_model().objects.get_or_create(username="third")
+        third_token = Token.objects.get_or_create(user=third)[0].key
         staff, _ = get_user_model().objects.get_or_create(
             username="boss", defaults={"is_staff": True, "is_superuser": True}
         )
@@ -325,6 +329,7 @@ def stack(
         url=url,
         token=token,
         other_token=other_token,
+        third_token=third_token,
         redis=redis_client,
         worker=worker,
         offline=offline,

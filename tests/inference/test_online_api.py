@@ -102,14 +102,16 @@ def test_sixteen_concurrent_requests_share_batches(stack):
 
 
 def test_backlog_full_answers_503_with_retry_after_and_the_limit(stack):
+    # Two clients fill it (one client alone may hold half of it: its own excess would be a 429).
+    tokens = [stack.token, stack.other_token] * (TIGHT_BACKLOG // 2)
     stack.pause_worker()
     try:
         with ThreadPoolExecutor(TIGHT_BACKLOG) as pool:
-            waiting = [pool.submit(stack.predict, "router-tight", [f"text {i}"]) for i in range(TIGHT_BACKLOG)]
+            waiting = [pool.submit(stack.predict, "router-tight", [f"text {i}"], token=t) for i, t in enumerate(tokens)]
             wait_until(
                 lambda: stack.redis.zcard("inference:backlog:router-tight") == TIGHT_BACKLOG, 10, "a full backlog"
             )
-            refused = stack.predict("router-tight", ["one too many"])
+            refused = stack.predict("router-tight", ["one too many"], token=stack.third_token)
             stack.resume_worker()
             accepted = [f.result() for f in waiting]
     finally:
