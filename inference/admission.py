@@ -50,7 +50,7 @@ end
 
 # Atomic across web processes: forget expired entries, then check every limit, then add.
 # ARGV: now, id, deadline, max requests, max tokens, cost, client, rate (tokens/s, 0 = unknown),
-#       usable seconds, client limit (tokens), client limit (requests).
+#       usable seconds, client limit (tokens), client limit (requests), seconds a request alone may use.
 # KEYS[3] also counts each client's requests ("n:<client>").
 # Returns {code, requests ahead, tokens ahead, the client's tokens ahead, tokens served before this one}.
 _ADMIT_LUA = (
@@ -70,18 +70,25 @@ local all, mine = 0, 0
 for i = 1, #totals, 2 do
   if totals[i] == 'all' then all = tonumber(totals[i + 1]) elseif totals[i] == mine_field then mine = tonumber(totals[i + 1]) end
 end
-local fair = mine + cost
+-- Fair queuing: before this request is done, each other client is served at most what this client
+-- has waiting, this request included. `ahead` is that work without this request's own cost.
+local ahead = mine
 for i = 1, #totals, 2 do
   local f = totals[i]
-  if string.sub(f, 1, 2) == 'c:' and f ~= mine_field then fair = fair + math.min(tonumber(totals[i + 1]), mine + cost) end
+  if string.sub(f, 1, 2) == 'c:' and f ~= mine_field then ahead = ahead + math.min(tonumber(totals[i + 1]), mine + cost) end
 end
+local fair = ahead + cost
 -- The client's own share first: one client filling a global limit must be told so, not everyone.
 local limit = tonumber(ARGV[10])
 local mine_n = tonumber(redis.call('HGET', KEYS[3], 'n:' .. ARGV[7]) or '0')
 if mine > 0 and (mine + cost > limit or mine_n >= tonumber(ARGV[11])) then return {-2, n, all, mine, fair} end
 if n >= tonumber(ARGV[4]) or (n > 0 and all + cost > tonumber(ARGV[5])) then return {0, n, all, mine, fair} end
 local rate = tonumber(ARGV[8])
-if rate > 0 and fair / rate > tonumber(ARGV[9]) then return {-1, n, all, mine, fair} end
+-- The work ahead must drain within `headroom` of the deadline, and with this request's own work
+-- within the share a request alone may use (the 413 bound, so no request is refused forever).
+if rate > 0 and (ahead / rate > tonumber(ARGV[9]) or fair / rate > tonumber(ARGV[12])) then
+  return {-1, n, all, mine, fair}
+end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[6] .. ':' .. ARGV[7])
 redis.call('HINCRBY', KEYS[3], 'all', cost)
@@ -147,6 +154,7 @@ class Decision:
     client_tokens: int = 0  # tokens this client already has waiting
     status: int = 503
     client_requests: int = 0  # the most requests one client may have waiting
+    cost_at_least: bool = False  # counting stopped once the cost was past what fits
 
     @property
     def predicted_wait_s(self) -> float | None:
@@ -168,8 +176,9 @@ class Decision:
                 f"retry once earlier requests are answered, or send fewer texts at a time"
             )
         if self.reason == "request_too_large":
+            costs = f"at least {self.cost}" if self.cost_at_least else f"{self.cost}"
             return (
-                f"this request costs {self.cost} tokens, and at most {self.limit} fit within its deadline "
+                f"this request costs {costs} tokens, and at most {self.limit} fit within its deadline "
                 f"for model {model!r} even with nothing else queued; split it into smaller requests, "
                 f"allow a longer deadline with X-Deadline-Ms (within the server's maximum), "
                 f"or submit it as a job (POST /api/v1/jobs)"
@@ -298,6 +307,16 @@ class Admission:
         # that this client filled is re-checked for the next caller, not held against it).
         self._held[(model, client_key)] = (time.monotonic() + hold_s, decision)
 
+    def alone_fits(self, rate: float | None, remaining_s: float) -> int:
+        """The most tokens one request may cost and still finish within `remaining_s` on an empty queue."""
+        if not rate:
+            return self.max_backlog_tokens
+        return min(self.max_backlog_tokens, int(rate * remaining_s * ALONE_SHARE))
+
+    def too_large(self, cost: int, fits: int, rate: float | None, *, at_least: bool = False) -> Decision:
+        """413: the request could not finish within its own deadline even on an empty queue."""
+        return Decision(False, "request_too_large", 0, fits, rate, cost=cost, status=413, cost_at_least=at_least)
+
     async def admit(
         self,
         spec: ModelSpec,
@@ -321,9 +340,9 @@ class Admission:
         if remaining_s <= 0:
             return Decision(False, "deadline", 0, spec.max_backlog, rate, 1, cost)
         max_tokens = self.max_backlog_tokens
-        alone_fits = max_tokens if not rate else min(max_tokens, int(rate * remaining_s * ALONE_SHARE))
+        alone_fits = self.alone_fits(rate, remaining_s)
         if cost > alone_fits and cost > 2 * self.request_overhead:
-            return Decision(False, "request_too_large", 0, alone_fits, rate, cost=cost, status=413)
+            return self.too_large(cost, alone_fits, rate)
         usable_s = remaining_s * self.headroom
         # A client may hold `client_share` of what the model drains within the default deadline. At the
         # default deadline the deadline rule (at `headroom` of it) binds first for a lone client; the share
@@ -345,6 +364,7 @@ class Admission:
                 usable_s,
                 client_limit,
                 client_requests,
+                remaining_s * ALONE_SHARE,
             ],
         )
         ahead, all_tokens, mine, fair = int(ahead), int(all_tokens), int(mine), int(fair)

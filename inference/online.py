@@ -18,6 +18,7 @@ from inference.admission import Admission, Decision
 from inference.publish import publish
 from inference.registry import ModelSpec
 from inference.replies import gather_reply
+from inference.tokens import token_counts
 from platform_.celery import ONLINE_QUEUE
 from platform_.redis import get_async_redis
 
@@ -56,6 +57,17 @@ class Prediction:
     worker: str
 
 
+async def _price(spec: ModelSpec, texts: list[str], admission: Admission, deadline: float) -> list[int]:
+    """Each text's tokens; refused as too large (413) as soon as the count passes what could fit."""
+    _, rate = await admission.capacity(spec.name)
+    fits = admission.alone_fits(rate, deadline - time.time())
+    overhead = settings.ONLINE_REQUEST_OVERHEAD_TOKENS
+    tokens = token_counts(spec, texts, stop_above=max(fits - overhead, 2 * overhead))
+    if len(tokens) < len(texts):  # counting stopped early: at least this much, more than fits
+        raise Refused(admission.too_large(sum(tokens) + overhead, fits, rate, at_least=True), 0.0)
+    return tokens
+
+
 def get_admission() -> Admission:
     loop = asyncio.get_running_loop()
     admission = _admissions.get(loop)
@@ -89,13 +101,15 @@ async def predict(
 ) -> Prediction:
     """Run `texts` through `spec`'s model on the online queue; `started_at` is when the HTTP request arrived.
 
-    `tokens` are the texts' token counts (the request's price), `client` who sent it (fair share and
-    fair order), `client_key` how the early refusal path recognises that caller from its headers.
+    `tokens` are the texts' token counts (the request's price; counted here when not given), `client`
+    who sent it (fair share and fair order), `client_key` how the early refusal path recognises that
+    caller from its headers.
     """
-    tokens = tokens or [1] * len(texts)
     deadline = started_at + deadline_ms / 1000
-    task_id = uuid.uuid4().hex
     admission = get_admission()
+    if tokens is None:
+        tokens = await _price(spec, texts, admission, deadline)
+    task_id = uuid.uuid4().hex
     admit_start = time.time()
     cost = sum(tokens) + settings.ONLINE_REQUEST_OVERHEAD_TOKENS
     decision = await admission.admit(spec, task_id, deadline, cost=cost, client=client, client_key=client_key)

@@ -10,10 +10,16 @@ other clients' requests.
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from pathlib import Path
 
-from tokenizers import Tokenizer
+# The web tier tokenizes on its event loop thread only: the library's own thread pool would take
+# cores from the model's children on the same host (measured: a flood of 64-text requests slowed a
+# light client's P50 tenfold). Read by the library when it first encodes, so set at import.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from tokenizers import Tokenizer  # noqa: E402
 
 from inference.registry import ModelSpec
 from platform_.errors import ApiError
@@ -27,25 +33,38 @@ def _tokenizer(path: str, max_length: int) -> Tokenizer:
     return tokenizer
 
 
-def token_counts(spec: ModelSpec, texts: list[str]) -> list[int]:
+def token_counts(spec: ModelSpec, texts: list[str], stop_above: int | None = None) -> list[int]:
     """Tokens the model will see for each text (after truncation to its max_seq_length).
 
     The tokenizer truncates only after encoding a whole text, so each text is cut first to a prefix
     that holds more than max_seq_length tokens of any ordinary text (8 characters a token): a request
     of 64 texts of 10,000 characters costs the event loop what 64 texts of ~2,000 do. A text whose
     prefix still comes out short is counted whole.
+
+    With `stop_above`, counting stops once the total passes it (the request is too large to run
+    anyway), and the counts returned cover only the texts counted so far.
     """
     tokenizer = _tokenizer(str(spec.resolved_path()), spec.max_seq_length)
     prefix_chars = 8 * spec.max_seq_length
-    heads = [text[:prefix_chars] for text in texts]
-    try:
-        counts = [len(e.ids) for e in tokenizer.encode_batch(heads, add_special_tokens=True)]
-    except Exception:
-        counts = [_count_one(tokenizer, spec, index, text) for index, text in enumerate(heads)]
-    for index, text in enumerate(texts):
-        if len(text) > prefix_chars and counts[index] < spec.max_seq_length:
-            counts[index] = _count_one(tokenizer, spec, index, text)
+    counts: list[int] = []
+    step = len(texts) if stop_above is None else _STEP_TEXTS
+    for first in range(0, len(texts), step):
+        part = texts[first : first + step]
+        heads = [text[:prefix_chars] for text in part]
+        try:
+            got = [len(e.ids) for e in tokenizer.encode_batch(heads, add_special_tokens=True)]
+        except Exception:
+            got = [_count_one(tokenizer, spec, first + i, text) for i, text in enumerate(heads)]
+        for i, text in enumerate(part):
+            if len(text) > prefix_chars and got[i] < spec.max_seq_length:
+                got[i] = _count_one(tokenizer, spec, first + i, text)
+        counts += got
+        if stop_above is not None and sum(counts) > stop_above:
+            break
     return counts
+
+
+_STEP_TEXTS = 8
 
 
 def _count_one(tokenizer: Tokenizer, spec: ModelSpec, index: int, text: str) -> int:

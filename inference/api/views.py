@@ -24,7 +24,6 @@ from inference.admission import Decision
 from inference.api.auth import authenticate
 from inference.observe import observe
 from inference.registry import get_registry
-from inference.tokens import token_counts
 from inference.validation import parse_deadline_ms, parse_json_body, validate_inputs
 from inference.workers import DISPATCHERS_KEY, WORKERS_KEY, serving_workers
 from platform_.errors import ApiError
@@ -60,7 +59,6 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
     )
     texts = validate_inputs(payload, max_inputs=settings.ONLINE_MAX_INPUTS, max_chars=settings.ONLINE_MAX_TEXT_CHARS)
     seen["texts"] = texts
-    tokens = token_counts(spec, texts)
     deadline_ms = parse_deadline_ms(
         request.headers.get("X-Deadline-Ms"), settings.ONLINE_DEADLINE_MS, settings.ONLINE_MAX_DEADLINE_MS
     )
@@ -71,7 +69,6 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
             deadline_ms,
             request_id,
             started_at,
-            tokens=tokens,
             client=str(user.pk),
             client_key=client_key(request.headers),
         )
