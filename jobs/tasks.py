@@ -14,6 +14,7 @@ from jobs.lifecycle import run_ingest
 from jobs.reconcile import reconcile
 from jobs.runner import requeue_lost, run_chunks
 from platform_.celery import app
+from platform_.cpu import lower_cpu_priority
 from platform_.periodic import Periodic
 
 
@@ -50,25 +51,6 @@ def ingest_upload(job_id: int) -> None:
 
 
 _reconciler: Periodic | None = None
-
-
-def lower_cpu_priority(nice: int) -> None:
-    """Make this worker yield the CPU to online work: nice for the process, and for its autogroup.
-
-    With the kernel's autogroup scheduling (the default on desktop and many server kernels), CPU is
-    shared fairly between sessions first, and a process's nice value only counts inside its own
-    session: `nice -n 10 celery ...` started in its own session (as honcho and containers do) still
-    gets half the CPU against the online worker. The autogroup's own nice value is what counts
-    across sessions, so it is raised too.
-    """
-    current = os.nice(0)
-    if nice > current:
-        os.nice(nice - current)
-    try:
-        with open("/proc/self/autogroup", "w") as handle:
-            handle.write(str(nice))
-    except OSError:
-        pass  # no autogroup scheduling here: the process nice value is enough
 
 
 @signals.worker_init.connect
