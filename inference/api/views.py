@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 import uuid
@@ -73,6 +74,10 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
             client_key=client_key(request.headers),
         )
     except online.Refused as refused:
+        if refused.decision.status == 413 and _repeats_too_large(client_key(request.headers)):
+            # The same caller resending what cannot fit: answered later, so its loop costs the web
+            # tier (and so the model's cores) one parse and count a delay, not one per round trip.
+            await asyncio.sleep(settings.ONLINE_REFUSAL_DELAY_MS / 1000)
         raise _refusal(name, refused.decision, refused.admission_ms) from None
     except online.DeadlineExceeded as exc:
         raise ApiError(
@@ -94,6 +99,19 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
     )
     response["Server-Timing"] = server_timing(result.timing)
     return response
+
+
+_too_large_at: dict[str, float] = {}  # caller -> when it was last told 413 (bounded, see below)
+
+
+def _repeats_too_large(key: str) -> bool:
+    """Whether this caller was told 413 within the last second (and remember that it is now)."""
+    now = time.monotonic()
+    repeat = now - _too_large_at.get(key, -1e9) < 1.0
+    if len(_too_large_at) > 10_000:
+        _too_large_at.clear()
+    _too_large_at[key] = now
+    return repeat
 
 
 def _refusal(name: str, decision: Decision, admission_ms: float) -> ApiError:
