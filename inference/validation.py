@@ -45,10 +45,23 @@ def parse_json_body(content_type: str, body: bytes, *, max_depth: int = 32, max_
     Python's parser recurses once per level and converts integers of any length (quadratic time,
     and a ValueError past 4,300 digits), so both are bounded before they can cost more than a 400.
     """
-    media_type = content_type.split(";")[0].strip().lower()
+    media_type, _, params = content_type.partition(";")
+    media_type = media_type.strip().lower()
     if media_type != "application/json":
         shown = media_type or "none"
         raise ApiError(415, "unsupported_media_type", f"Content-Type must be application/json, got {shown}")
+    charset = next(
+        (
+            v.strip().strip('"').lower()
+            for k, _, v in (p.partition("=") for p in params.split(";"))
+            if k.strip().lower() == "charset"
+        ),
+        "utf-8",
+    )
+    if charset not in ("utf-8", "utf8"):
+        raise ApiError(
+            415, "unsupported_media_type", f"JSON must be sent as UTF-8 (charset=utf-8), got charset={charset}"
+        )
     # Cheap test first: a body with few brackets cannot be deep.
     if body.count(b"[") + body.count(b"{") > max_depth and (depth := json_depth(body)) > max_depth:
         raise _invalid(f"the JSON is nested {depth} levels deep; the limit is {max_depth}")

@@ -49,6 +49,15 @@ def create_job(
     The checks that need only the header and the first rows raise IngestError here, before anything
     is created; problems further into the file fail the job later with the same messages.
     """
+    # Ingests run on the offline worker one at a time: one user queueing dozens would hold every
+    # other user's upload behind them. Each user may have this many files waiting to be read.
+    reading = Job.objects.filter(owner=owner, status=JobStatus.INGESTING).count()
+    if reading >= settings.JOBS_MAX_INGESTING_PER_USER:
+        raise IngestError(
+            f"you already have {reading} uploads being read (the limit is {settings.JOBS_MAX_INGESTING_PER_USER}"
+            " per user); wait until one is queued, or cancel one",
+            status=429,
+        )
     checked = preflight(
         upload,
         encoding=encoding,

@@ -1,9 +1,11 @@
 """Failed-authentication throttling: an address that fails too often is refused for a while.
 
 After AUTH_FAILURES_PER_WINDOW failed attempts (a bad API token, a bad password at a login form)
-from one client address within AUTH_FAILURE_WINDOW_S, every credential check from that address gets
-429 with Retry-After until the window ends, a right guess included: otherwise guessing would go on
-and only the misses would be refused. All web processes share one Redis counter per address
+from one client address within AUTH_FAILURE_WINDOW_S, further failures from that address get 429
+with Retry-After until the window ends, and a login form refuses every attempt (a right password
+included: passwords can be guessed). A valid API token is still accepted: tenants behind one NAT or
+proxy share an address, a hostile one must not lock the others out, and a 40-hex-digit token cannot
+be guessed; what the throttle stops there is a flood of failed lookups. All web processes share one Redis counter per address
 (a fixed window: created with its expiry by the first failure, then incremented).
 
 Only checks that could be guesses pay for this. The predict path asks Redis only when it has to go
@@ -121,11 +123,13 @@ class ThrottledTokenAuthentication(TokenAuthentication):
         if not auth or auth[0].lower() != self.keyword.lower().encode():
             return None  # no token offered: nothing to guess, and other authenticators may apply
         client_ip = request.META.get("REMOTE_ADDR", "")
-        if wait_s := blocked_for_s_sync(client_ip):
-            raise AuthThrottled(client_ip, wait_s)
         try:
             return super().authenticate(request)
         except exceptions.AuthenticationFailed:
+            # A valid token is accepted even from a throttled address (see inference/api/auth.py): only
+            # failures are refused, so one tenant cannot lock out others behind the same address.
+            if wait_s := blocked_for_s_sync(client_ip):
+                raise AuthThrottled(client_ip, wait_s) from None
             record_failure_sync(client_ip)
             raise
 

@@ -304,6 +304,9 @@ JOBS_PASS_TEXTS_BESIDE_ONLINE = env.int("JOBS_PASS_TEXTS_BESIDE_ONLINE", default
 JOBS_LOW_CONFIDENCE = env.float("JOBS_LOW_CONFIDENCE", default=0.5)
 # JOBS_RESULTS_PAGE_SIZE: rows per page of GET /api/v1/jobs/<id>/results.
 JOBS_RESULTS_PAGE_SIZE = env.int("JOBS_RESULTS_PAGE_SIZE", default=100)
+# JOBS_MAX_INGESTING_PER_USER: uploads of one user being read at once; more get 429 (ingests run one at
+# a time on the offline worker, so one user's dozens would hold every other user's behind them).
+JOBS_MAX_INGESTING_PER_USER = env.int("JOBS_MAX_INGESTING_PER_USER", default=2)
 # JOBS_CREATE_RATE: job uploads one user may make (DRF rate: "60/min", "1000/hour"); over it, 429.
 JOBS_CREATE_RATE = env.str("JOBS_CREATE_RATE", default="60/min")
 # JOBS_RESULTS_RATE: results requests (JSON pages and CSV exports) one user may make; over it, 429.

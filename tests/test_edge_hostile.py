@@ -326,8 +326,10 @@ def test_repeated_bad_tokens_on_predict_get_429(stack, strict_web, fresh_failure
     throttled = predict(secrets.token_hex(20))
     _assert_throttled(throttled)
     assert throttled.json()["code"] == "auth_throttled"
-    # A right guess is refused too, or guessing would simply go on.
-    _assert_throttled(predict(stack.token))
+    # A valid token still works from that address: another tenant behind the same NAT is not locked out
+    # (a 40-hex-digit token cannot be guessed; what throttling stops is the flood of failed lookups).
+    # (past authentication it meets admission: this web process's Redis has no worker, hence no_worker)
+    assert predict(stack.token).json()["code"] == "no_worker"
 
 
 def test_repeated_bad_tokens_on_the_rest_of_the_api_get_429(stack, strict_web, fresh_failures):
@@ -339,7 +341,7 @@ def test_repeated_bad_tokens_on_the_rest_of_the_api_get_429(stack, strict_web, f
     throttled = jobs(secrets.token_hex(20))
     _assert_throttled(throttled)
     assert throttled.json()["code"] == "auth_throttled"
-    _assert_throttled(jobs(stack.token))
+    assert jobs(stack.token).status_code == 200, "a valid token is not locked out"
     # The stack's own web process counts in its own Redis: the same address still works there.
     assert requests.get(f"{stack.url}/api/v1/jobs", headers=stack.headers(), timeout=10).status_code == 200
 

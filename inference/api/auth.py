@@ -35,13 +35,15 @@ async def user_for_token(key: str, client_ip: str) -> Any:
     cached = _token_cache.get(key)
     if cached and cached[0] > now:
         return cached[1]
-    # Only here, before a database lookup, is Redis asked: a cached token never pays for throttling.
-    if wait_s := await auth_throttle.blocked_for_s(client_ip):
-        raise ApiError(
-            429, "auth_throttled", auth_throttle.message(client_ip, wait_s), headers={"Retry-After": str(wait_s)}
-        )
     token = await run_db(Token.objects.select_related("user").filter(key=key).first)
     if token is None or not token.user.is_active:
+        # Only a failure asks Redis. A token that checks out is accepted even from an address that has
+        # failed too often: tenants behind one NAT or proxy share an address, and refusing valid tokens
+        # would let one of them lock the others out; a 40-hex-digit key cannot be guessed anyway.
+        if wait_s := await auth_throttle.blocked_for_s(client_ip):
+            raise ApiError(
+                429, "auth_throttled", auth_throttle.message(client_ip, wait_s), headers={"Retry-After": str(wait_s)}
+            )
         await auth_throttle.record_failure(client_ip)
         raise _unauthenticated("invalid token")
     if len(_token_cache) >= _TOKEN_CACHE_MAX:

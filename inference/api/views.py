@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
 import uuid
@@ -52,12 +53,16 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
     if spec is None:
         raise ApiError(404, "unknown_model", f"unknown model {name!r}; served models: {', '.join(registry.names())}")
     seen["model"] = name
-    payload = parse_json_body(
+    parse = functools.partial(
+        parse_json_body,
         request.headers.get("Content-Type", ""),
         request.body,
         max_depth=settings.ONLINE_MAX_JSON_DEPTH,
         max_number_digits=settings.ONLINE_MAX_NUMBER_DIGITS,
     )
+    # A large body can take the parser seconds (millions of small arrays, all within the limits): in
+    # a thread, the event loop keeps serving other clients meanwhile (it gets the GIL every 5 ms).
+    payload = await asyncio.to_thread(parse) if len(request.body) > _INLINE_PARSE_BYTES else parse()
     texts = validate_inputs(payload, max_inputs=settings.ONLINE_MAX_INPUTS, max_chars=settings.ONLINE_MAX_TEXT_CHARS)
     seen["texts"] = texts
     deadline_ms = parse_deadline_ms(
@@ -101,6 +106,8 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
     return response
 
 
+# Bodies larger than this are parsed in a thread (a 64-text request of short texts is a few KB).
+_INLINE_PARSE_BYTES = 64 * 1024
 _too_large_at: dict[str, float] = {}  # caller -> when it was last told 413 (bounded, see below)
 
 

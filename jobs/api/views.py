@@ -104,6 +104,8 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         except IngestError as error:
             if error.status == 413:
                 raise PayloadTooLarge(error.message) from None
+            if error.status == 429:
+                raise exceptions.Throttled(detail=error.message) from None
             raise exceptions.ValidationError({"file": [error.message]}) from None
         # 202: the file's start is checked; the rest is read by a worker (status `ingesting`, then queued).
         return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_202_ACCEPTED)

@@ -237,3 +237,16 @@ def test_a_stopped_broker_answers_503_broker_unavailable_not_500(stack, web_on_o
     ready = requests.get(f"{base}/api/v1/ready", timeout=10)
     assert ready.status_code == 503 and "unreachable" in ready.json()["checks"]["broker"]
     assert requests.get(f"{base}/api/v1/health", timeout=10).status_code == 200
+
+
+@pytest.mark.parametrize("charset", ["rot13", "utf-7", "utf-16"])
+def test_json_in_another_charset_is_415_not_silently_read_as_utf8(stack, charset):
+    response = post_raw(stack, b'{"inputs": ["hello"]}', **{"Content-Type": f"application/json; charset={charset}"})
+    assert response.status_code == 415, response.text
+    assert f"charset={charset}" in response.json()["detail"]
+
+
+def test_a_large_body_of_legal_nesting_is_refused_without_a_500(stack):
+    body = b'{"inputs": ["x"], "pad": [' + b",".join([b"[[[[]]]]"] * 200_000) + b"]}"  # 1.8 MB, depth 6
+    response = post_raw(stack, body)
+    assert response.status_code == 200, response.text  # extra fields are ignored; parsed off the event loop

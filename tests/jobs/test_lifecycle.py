@@ -28,6 +28,7 @@ def small_limits(settings):
     settings.JOBS_CHUNK_ROWS = 50
     settings.JOBS_INGEST_BATCH_ROWS = 40
     settings.JOBS_MAX_ROWS = 5000
+    settings.JOBS_MAX_INGESTING_PER_USER = 100
 
 
 def csv_bytes(rows: int) -> bytes:
@@ -131,3 +132,17 @@ def test_results_written_after_a_cancel_are_dropped():
     Chunk.objects.complete([chunk.pk])
     assert Chunk.objects.get(pk=chunk.pk).status == ChunkStatus.CANCELLED
     assert not job.finish() and Job.objects.get(pk=job.pk).status == "cancelled"
+
+
+def test_one_user_may_have_only_so_many_uploads_being_read(settings):
+    """Ingests run one at a time: one user's dozens of uploads must not queue every other user's behind."""
+    settings.JOBS_MAX_INGESTING_PER_USER = 1
+    first = new_job(csv_bytes(10))
+    with pytest.raises(IngestError, match="already have 1 uploads being read") as refused:
+        new_job(csv_bytes(10))
+    assert refused.value.status == 429
+    other = lifecycle.create_job(owner=user("bob"), model="router", upload=io.BytesIO(csv_bytes(10)),
+                                 filename="f.csv", text_column="text")  # fmt: skip
+    assert other.status == JobStatus.INGESTING, "another user is not held back"
+    lifecycle.run_ingest(first.pk)  # once the first is read, the user may upload again
+    assert new_job(csv_bytes(10)).status == JobStatus.INGESTING
