@@ -32,6 +32,7 @@ import requests
 from benchmarks.ceiling import Ceiling, measure
 from benchmarks.loadgen import CORPUS, HERE, Run, closed_loop, open_loop
 from benchmarks.smoke import default_token
+from benchmarks.upload import upload
 
 OUT = HERE / "out"
 GENERATOR_SATURATED_PCT = 85.0
@@ -270,13 +271,7 @@ def isolation(url, headers, capacity_qps, seconds, base_url, token) -> dict:
     writer.writerow(["id", "text"])
     writer.writerows([f"r{i}", CORPUS[i % len(CORPUS)]] for i in range(20_000))
     data = buffer.getvalue().encode()
-    job = requests.post(
-        f"{base_url}/api/v1/jobs",
-        files={"file": ("isolation.csv", data, "text/csv")},
-        data={"text_column": "text", "id_column": "id"},
-        headers={"Authorization": f"Token {token}"},
-        timeout=600,
-    ).json()
+    _, job = upload(base_url, token, data, "isolation.csv")
     time.sleep(5)  # let the offline worker get going
     during = open_loop(url, headers, rate, seconds, seed=2)
     progress = requests.get(

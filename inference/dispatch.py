@@ -135,7 +135,7 @@ class FairDispatcher:
     """Waiting work of every model, and the plan for free children. Not thread-safe: one event loop owns it."""
 
     def __init__(self, limits: dict[str, Limits] | Any, batch_wait_s: float = 0.0) -> None:
-        # `limits` maps model -> Limits (a dict, or any object with .get / a callable-free mapping interface).
+        # `limits` maps model -> Limits: a dict, or anything indexable by model name.
         self._limits = limits
         self.batch_wait_s = batch_wait_s
         self._models: dict[str, _ModelQueue] = {}
@@ -160,10 +160,6 @@ class FairDispatcher:
 
     def __len__(self) -> int:
         return sum(len(q) for m in self._models.values() for q in m.clients.values())
-
-    def waiting_texts(self, model: str) -> int:
-        queue = self._models.get(model)
-        return queue.texts() if queue else 0
 
     def plan(self, free_children: int, total_children: int, now_s: float) -> Plan:
         plan = Plan()

@@ -61,7 +61,12 @@ class Prediction:
 _INLINE_TOKENIZE_CHARS = 8_000
 
 
-async def _price(spec: ModelSpec, texts: list[str], admission: Admission, deadline: float) -> list[int]:
+def price(tokens: list[int]) -> int:
+    """What a request costs the model, in tokens: its texts' tokens plus the fixed cost of a request."""
+    return sum(tokens) + settings.ONLINE_REQUEST_OVERHEAD_TOKENS
+
+
+async def _count_tokens(spec: ModelSpec, texts: list[str], admission: Admission, deadline: float) -> list[int]:
     """Each text's tokens; refused as too large (413) as soon as the count passes what could fit."""
     _, rate = await admission.capacity(spec.name)
     fits = admission.alone_fits(rate, deadline - time.time())
@@ -74,7 +79,7 @@ async def _price(spec: ModelSpec, texts: list[str], admission: Admission, deadli
     else:
         tokens = token_counts(spec, texts, stop_above=stop_above)
     if len(tokens) < len(texts):  # counting stopped early: at least this much, more than fits
-        raise Refused(admission.too_large(sum(tokens) + overhead, fits, rate, at_least=True), 0.0)
+        raise Refused(admission.too_large(price(tokens), fits, rate, at_least=True), 0.0)
     return tokens
 
 
@@ -105,24 +110,20 @@ async def predict(
     request_id: str,
     started_at: float,
     *,
-    tokens: list[int] | None = None,
     client: str = "",
     client_key: str = "",
 ) -> Prediction:
     """Run `texts` through `spec`'s model on the online queue; `started_at` is when the HTTP request arrived.
 
-    `tokens` are the texts' token counts (the request's price; counted here when not given), `client`
-    who sent it (fair share and fair order), `client_key` how the early refusal path recognises that
-    caller from its headers.
+    The texts are priced in tokens here; `client` is who sent them (fair share and fair order),
+    `client_key` how the early refusal path recognises that caller from its headers.
     """
     deadline = started_at + deadline_ms / 1000
     admission = get_admission()
-    if tokens is None:
-        tokens = await _price(spec, texts, admission, deadline)
+    tokens = await _count_tokens(spec, texts, admission, deadline)
     task_id = uuid.uuid4().hex
     admit_start = time.time()
-    cost = sum(tokens) + settings.ONLINE_REQUEST_OVERHEAD_TOKENS
-    decision = await admission.admit(spec, task_id, deadline, cost=cost, client=client, client_key=client_key)
+    decision = await admission.admit(spec, task_id, deadline, cost=price(tokens), client=client, client_key=client_key)
     admission_ms = (time.time() - admit_start) * 1000
     if not decision.admitted:
         raise Refused(decision, admission_ms)

@@ -33,6 +33,10 @@ def _tokenizer(path: str, max_length: int) -> Tokenizer:
     return tokenizer
 
 
+# With a stopping point, texts are counted this many at a time.
+_STEP_TEXTS = 8
+
+
 def token_counts(spec: ModelSpec, texts: list[str], stop_above: int | None = None) -> list[int]:
     """Tokens the model will see for each text (after truncation to its max_seq_length).
 
@@ -62,9 +66,6 @@ def token_counts(spec: ModelSpec, texts: list[str], stop_above: int | None = Non
         if stop_above is not None and sum(counts) > stop_above:
             break
     return counts
-
-
-_STEP_TEXTS = 8
 
 
 def _count_one(tokenizer: Tokenizer, spec: ModelSpec, index: int, text: str) -> int:

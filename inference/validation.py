@@ -7,6 +7,8 @@ import re
 from itertools import accumulate
 from typing import Any
 
+from django.utils.http import parse_header_parameters
+
 from platform_.errors import ApiError
 
 _TYPE_NAMES = {
@@ -45,19 +47,11 @@ def parse_json_body(content_type: str, body: bytes, *, max_depth: int = 32, max_
     Python's parser recurses once per level and converts integers of any length (quadratic time,
     and a ValueError past 4,300 digits), so both are bounded before they can cost more than a 400.
     """
-    media_type, _, params = content_type.partition(";")
-    media_type = media_type.strip().lower()
+    media_type, params = parse_header_parameters(content_type)
     if media_type != "application/json":
         shown = media_type or "none"
         raise ApiError(415, "unsupported_media_type", f"Content-Type must be application/json, got {shown}")
-    charset = next(
-        (
-            v.strip().strip('"').lower()
-            for k, _, v in (p.partition("=") for p in params.split(";"))
-            if k.strip().lower() == "charset"
-        ),
-        "utf-8",
-    )
+    charset = params.get("charset", "utf-8").lower()
     if charset not in ("utf-8", "utf8"):
         raise ApiError(
             415, "unsupported_media_type", f"JSON must be sent as UTF-8 (charset=utf-8), got charset={charset}"

@@ -172,23 +172,26 @@ def _chunks(data: bytes, size: int) -> Iterator[bytes]:
         yield data[start : start + size]
 
 
+def _post_chunked(stack, path: str, body: bytes, piece_bytes: int, headers: dict[str, str]) -> tuple[int, str, bytes]:
+    """POST a multipart body without Content-Length (http.client frames an iterable as chunked):
+    (status, Location header, body)."""
+    target = urlparse(stack.url)
+    conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+    content_type = {"Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+    conn.request("POST", path, body=_chunks(body, piece_bytes), headers={**headers, **content_type})
+    response = conn.getresponse()
+    answer = response.status, response.getheader("Location") or "", response.read()
+    conn.close()
+    return answer
+
+
 def test_legitimate_chunked_upload_within_the_limit_is_accepted(stack):
     rows = 120
     csv_bytes = ("key,text\n" + "".join(f"k{i},where is my parcel {i}\n" for i in range(rows))).encode()
     body = multipart_csv(csv_bytes, model="router", text_column="text", id_column="key")
-    target = urlparse(stack.url)
-    conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
-    # An iterable body without Content-Length: http.client frames it as Transfer-Encoding: chunked.
-    conn.request(
-        "POST",
-        "/api/v1/jobs",
-        body=_chunks(body, 1000),
-        headers={"Authorization": f"Token {stack.token}", "Content-Type": f"multipart/form-data; boundary={BOUNDARY}"},
-    )
-    response = conn.getresponse()
-    answer = json.loads(response.read())
-    conn.close()
-    assert response.status in (201, 202), answer
+    status, _, raw = _post_chunked(stack, "/api/v1/jobs", body, 1000, {"Authorization": f"Token {stack.token}"})
+    answer = json.loads(raw)
+    assert status in (201, 202), answer
     job_url = f"{stack.url}/api/v1/jobs/{answer['id']}"
 
     def finished():
@@ -212,19 +215,10 @@ def test_legitimate_chunked_upload_through_the_web_page_is_accepted(stack):
         encoding="utf-8",
     )
     cookies = "; ".join(f"{name}={value}" for name, value in browser.cookies.items())
-    target = urlparse(stack.url)
-    conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
-    conn.request(
-        "POST",
-        "/jobs/",
-        body=_chunks(body, 500),
-        headers={"Cookie": cookies, "Content-Type": f"multipart/form-data; boundary={BOUNDARY}"},
-    )
-    response = conn.getresponse()
-    page = response.read().decode(errors="replace")
-    conn.close()
-    assert response.status == 302, page[-2000:]
-    assert re.match(r"^/jobs/\d+/$", response.getheader("Location")), "the page should redirect to the new job"
+    status, location, raw = _post_chunked(stack, "/jobs/", body, 500, {"Cookie": cookies})
+    page = raw.decode(errors="replace")
+    assert status == 302, page[-2000:]
+    assert re.match(r"^/jobs/\d+/$", location), "the page should redirect to the new job"
 
 
 # ---------------------------------------------------------------------------------------------
