@@ -24,6 +24,7 @@ import math
 import time
 from dataclasses import dataclass
 
+import redis
 import redis.asyncio as aredis
 
 from inference.registry import ModelSpec
@@ -53,7 +54,8 @@ end
 #       usable seconds, client limit (tokens), client limit (requests), seconds a request alone may use.
 # KEYS[3] also counts each client's requests ("n:<client>").
 # Returns {code, requests ahead, tokens ahead, the client's tokens ahead, tokens served before this one}.
-_ADMIT_LUA = (
+# Forget the entries whose deadline (their score) is before ARGV[1], with their tokens.
+_PURGE_LUA = (
     _FORGET_LUA
     + """
 local now = tonumber(ARGV[1])
@@ -62,6 +64,12 @@ if #expired > 0 then
   forget(expired)
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 end
+"""
+)
+
+_ADMIT_LUA = (
+    _PURGE_LUA
+    + """
 local n = redis.call('ZCARD', KEYS[1])
 local cost = tonumber(ARGV[6])
 local mine_field = 'c:' .. ARGV[7]
@@ -95,15 +103,20 @@ redis.call('HINCRBY', KEYS[3], 'all', cost)
 redis.call('HINCRBY', KEYS[3], mine_field, cost)
 redis.call('HINCRBY', KEYS[3], 'n:' .. ARGV[7], 1)
 for i = 1, 3 do redis.call('EXPIRE', KEYS[i], 3600) end
+-- KEYS[4], when given: the queue the admitted request's message (ARGV[13]) goes onto, in the same
+-- round trip and atomically with its admission.
+if KEYS[4] then redis.call('LPUSH', KEYS[4], ARGV[13]) end
 return {1, n, all, mine, fair}
 """
 )
 
+# ARGV: the ids of requests that were answered (or will never run). Idempotent: an id already
+# forgotten (released before, or purged at its deadline) changes nothing.
 _RELEASE_LUA = (
     _FORGET_LUA
     + """
-redis.call('ZREM', KEYS[1], ARGV[1])
-forget({ARGV[1]})
+redis.call('ZREM', KEYS[1], unpack(ARGV))
+forget(ARGV)
 """
 )
 
@@ -326,10 +339,15 @@ class Admission:
         cost: int = 1,
         client: str = "",
         client_key: str = "",
+        message: bytes | None = None,
+        queue: str = "",
     ) -> Decision:
         """Admit `request_id` (costing `cost` tokens, sent by `client`) or say why not.
 
         `client_key` is how the early refusal path recognises the same caller from headers alone.
+        With `message`, an admitted request's message is pushed onto `queue` by the same script: one
+        round trip instead of two, and nothing is ever admitted without being queued or the reverse.
+        A `redis.RedisError` leaves it unknown whether either happened (release, then answer 503).
         """
         children, rate = await self.capacity(spec.name)
         if children == 0:
@@ -350,8 +368,9 @@ class Admission:
         share_of = max_tokens if not rate else min(max_tokens, rate * self.default_deadline_s)
         client_limit = max(1, int(self.client_share * share_of))
         client_requests = max(1, int(self.client_share * spec.max_backlog))
+        keys = [backlog_key(spec.name), backlog_cost_key(spec.name), backlog_tokens_key(spec.name)]
         code, ahead, all_tokens, mine, fair = await self._admit_script(
-            keys=[backlog_key(spec.name), backlog_cost_key(spec.name), backlog_tokens_key(spec.name)],
+            keys=keys if message is None else [*keys, queue],
             args=[
                 now,
                 request_id,
@@ -365,6 +384,7 @@ class Admission:
                 client_limit,
                 client_requests,
                 remaining_s * ALONE_SHARE,
+                *(() if message is None else (message,)),
             ],
         )
         ahead, all_tokens, mine, fair = int(ahead), int(all_tokens), int(mine), int(fair)
@@ -390,6 +410,24 @@ class Admission:
         return decision
 
     async def release(self, model: str, request_id: str) -> None:
+        """Forget an admitted request whose caller gives up on it (the worker releases the answered ones)."""
         await self._release_script(
             keys=[backlog_key(model), backlog_cost_key(model), backlog_tokens_key(model)], args=[request_id]
         )
+
+
+def queue_purge(pipe: redis.client.Pipeline, model: str, now: float) -> None:
+    """Forget the model's entries whose deadline has passed (their tokens too), then count what is left:
+    the pipeline's result for this call is the number of requests still admitted."""
+    keys = (backlog_key(model), backlog_cost_key(model), backlog_tokens_key(model))
+    pipe.eval(_PURGE_LUA + "return redis.call('ZCARD', KEYS[1])", 3, *keys, now)
+
+
+def queue_release(pipe: redis.client.Pipeline, model: str, request_ids: list[str]) -> None:
+    """Release answered requests from the backlog, queued on a worker's pipeline with their replies:
+    the request stops counting against admission the moment its answer is written, and the web tier
+    spends no round trip of its own on it."""
+    if request_ids:
+        # EVAL, not EVALSHA: a pipeline cannot recover from NOSCRIPT, and Redis caches the compiled
+        # script by its hash anyway.
+        pipe.eval(_RELEASE_LUA, 3, backlog_key(model), backlog_cost_key(model), backlog_tokens_key(model), *request_ids)

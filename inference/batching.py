@@ -89,10 +89,14 @@ class AdaptiveBatches(Batches):
     def __init__(self) -> None:
         super().__init__()
         self._policy: FairDispatcher | None = None
+        # Requests received and not yet wholly dispatched, by task id (their arrival time).
         self._received_at: dict[str, float] = {}
         self._in_flight = 0
         self._wake: Any = None
         self._timer: Any = None
+        self._unacked_queues: frozenset[str] = frozenset()
+        self._max_held = 0
+        self._gate: Callable[[], bool] | None = None
 
     # Hooks for the concrete task -------------------------------------------------------------
     def max_texts(self, model: str) -> int:
@@ -127,6 +131,12 @@ class AdaptiveBatches(Batches):
         self._timer = consumer.timer
         self._tref = _NoFixedTimer()
         self._wake = None
+        # Queues consumed without acknowledgements (kombu `Queue(no_ack=True)`; the online queue, see
+        # platform_/celery.py): their messages are never acked, and nothing but this task bounds how
+        # many the worker pulls, so it holds at most what its prefetch would have allowed.
+        self._unacked_queues = frozenset(name for name, queue in app.amqp.queues.items() if queue.no_ack)
+        self._max_held = consumer.initial_prefetch_count or 4 * self._children()
+        self._gate = None
         self.on_consumer_ready(consumer)
 
         def on_message(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kw: Any) -> None:
@@ -135,8 +145,27 @@ class AdaptiveBatches(Batches):
                 self._received_at[task_id] = time.time()
             handle(message, body, ack, reject, callbacks, **kw)
             self._dispatch()
+            if self._unacked_queues and self._gate is None:
+                self._install_gate(consumer)
 
         return on_message
+
+    def _install_gate(self, consumer: Any) -> None:
+        """Stop pulling messages while `_max_held` requests are waiting here.
+
+        With acknowledgements, kombu's prefetch count bounds what a worker takes; without them it
+        BRPOPs as fast as messages come. Its Redis transport asks the channel's `qos.can_consume()`
+        before each BRPOP and pauses the socket while it says no: this task answers that question.
+        (Installed on the first message, as the task consumer's channel does not exist yet when the
+        strategy is built; a reconnect builds a new strategy, so a new channel gets its own gate.)
+        """
+        qos = consumer.task_consumer.channel.qos
+        self._gate = lambda: len(self._received_at) < self._max_held
+        qos.can_consume = self._gate
+
+    def _acks(self, request: Any) -> bool:
+        """Whether the message was consumed with an acknowledgement to send (see `_unacked_queues`)."""
+        return (request.delivery_info or {}).get("routing_key") not in self._unacked_queues
 
     def on_consumer_ready(self, consumer: Any) -> None:
         """Called in the worker's main process when this task's strategy is built (at start and after
@@ -165,7 +194,8 @@ class AdaptiveBatches(Batches):
             expired = [w.key for w in plan.expired]
             for request in expired:
                 self._received_at.pop(request.id, None)
-                request.acknowledge()  # never computed, never redelivered: its deadline has passed
+                if self._acks(request):
+                    request.acknowledge()  # never computed, never redelivered: its deadline has passed
             try:
                 self.on_expired(expired)
             except Exception:  # counting them must not stop dispatching
@@ -203,7 +233,7 @@ class AdaptiveBatches(Batches):
         # dispatches is acked once); acks_late tasks (offline) when it is done, or requeued if the
         # child died, as celery-batches itself does for acks_late.
         late = [r for r in requests if r.task.acks_late]
-        early = [r for r in requests if not r.task.acks_late]
+        early = [r for r in requests if not r.task.acks_late and self._acks(r)]
 
         def accepted(pid: int, time_accepted: float) -> None:
             for request in early:
@@ -225,6 +255,7 @@ class AdaptiveBatches(Batches):
                 request.reject(requeue=True)
             for piece in pieces:  # what is left of a sliced request: its caller has its error already
                 self.policy.discard(piece.work)
+                self._received_at.pop(piece.work.key.id, None)
             self._dispatch()
 
         self._pool.apply_async(

@@ -12,10 +12,11 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from django.conf import settings
 
 from inference.admission import Admission, Decision
-from inference.publish import publish
+from inference.publish import task_message
 from inference.registry import ModelSpec
 from inference.replies import gather_reply
 from inference.tokens import token_counts
@@ -83,6 +84,14 @@ async def _count_tokens(spec: ModelSpec, texts: list[str], admission: Admission,
     return tokens
 
 
+async def _release_quietly(admission: Admission, model: str, task_id: str) -> None:
+    """Release after a broker error; the broker may well still be down, and the caller gets the first error."""
+    try:
+        await admission.release(model, task_id)
+    except Exception:
+        pass
+
+
 def get_admission() -> Admission:
     loop = asyncio.get_running_loop()
     admission = _admissions.get(loop)
@@ -123,35 +132,48 @@ async def predict(
     tokens = await _count_tokens(spec, texts, admission, deadline)
     task_id = uuid.uuid4().hex
     admit_start = time.time()
-    decision = await admission.admit(spec, task_id, deadline, cost=price(tokens), client=client, client_key=client_key)
-    admission_ms = (time.time() - admit_start) * 1000
-    if not decision.admitted:
-        raise Refused(decision, admission_ms)
-    redis_client = get_async_redis()
     kwargs = {
         "model": spec.name,
         "inputs": texts,
         "tokens": tokens,
         "client": client,
         "deadline": deadline,
-        "enqueued_at": time.time(),
+        "enqueued_at": admit_start,
         "request_id": request_id,
     }
+    # Admitted and queued in one round trip (the message is built first, and wasted when refused).
     try:
-        await publish(redis_client, task_id, ONLINE_QUEUE, kwargs)
-    except BaseException:
-        await admission.release(spec.name, task_id)  # nothing (or nothing we know of) was queued
+        decision = await admission.admit(
+            spec,
+            task_id,
+            deadline,
+            cost=price(tokens),
+            client=client,
+            client_key=client_key,
+            message=task_message(task_id, ONLINE_QUEUE, kwargs),
+            queue=ONLINE_QUEUE,
+        )
+    except redis.RedisError:
+        await _release_quietly(admission, spec.name, task_id)  # admitted or not, it is not counted now
         raise
+    admission_ms = (time.time() - admit_start) * 1000
+    if not decision.admitted:
+        raise Refused(decision, admission_ms)
+    redis_client = get_async_redis()
     try:
         reply = await gather_reply(redis_client, task_id, len(texts), deadline)
     except asyncio.CancelledError:
         # The caller hung up, but its work is still queued and will take the model's time: its tokens
-        # stay counted until its deadline (or a send-and-hang-up loop would bypass admission).
+        # stay counted until the worker answers it or its deadline passes (or a send-and-hang-up loop
+        # would bypass admission).
         raise
     except BaseException:
         await admission.release(spec.name, task_id)
         raise
-    await admission.release(spec.name, task_id)
+    # The worker released the request from the backlog when it wrote the answer (serving.py); an
+    # error or a deadline passed without an answer is released here (releasing twice changes nothing).
+    if reply is None or not reply["ok"]:
+        await admission.release(spec.name, task_id)
     if reply is None:
         raise DeadlineExceeded(deadline_ms, admission_ms)
     if not reply["ok"]:

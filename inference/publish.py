@@ -1,13 +1,14 @@
-"""Publishing an online request onto its Celery queue from the async web tier, without blocking it.
+"""The Celery message of an online request, built by the async web tier without kombu.
 
 `apply_async` is a synchronous kombu publish: called from the async predict view it stalls the
 event loop (every waiting request of the process) for its round trip, and for kombu's retries when
 the broker is slow, and its errors are kombu's, not Redis's. Here the same Celery protocol-2 message
-that `apply_async` builds for `inference.predict_online` is written with one asyncio LPUSH onto the
-list kombu's Redis transport consumes (priority 0 lives under the queue's own name), so a broker
-fault is a `redis.RedisError` the view answers with 503, and the publish costs a fraction of the CPU
-(shared/measurements.md: ~70 µs against ~600 µs). The envelope is checked against kombu's in
-tests/inference/test_publish.py.
+that `apply_async` builds for `inference.predict_online` is built as bytes, and the admission script
+LPUSHes it onto the list kombu's Redis transport consumes (priority 0 lives under the queue's own
+name) in the round trip that admits it (inference/admission.py). A broker fault is a
+`redis.RedisError` the view answers with 503, and the publish costs a fraction of the CPU
+(shared/measurements.md: ~70 µs against ~600 µs for the LPUSH alone). The envelope is checked against
+kombu's in tests/inference/test_publish.py.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import os
 import socket
 import uuid
 from typing import Any
-
-import redis.asyncio as aredis
 
 TASK_NAME = "inference.predict_online"
 _ORIGIN = f"{os.getpid()}@{socket.gethostname()}"
@@ -66,8 +65,3 @@ def task_message(task_id: str, queue: str, kwargs: dict[str, Any]) -> bytes:
         },
     }
     return json.dumps(envelope, separators=(",", ":")).encode()
-
-
-async def publish(client: aredis.Redis, task_id: str, queue: str, kwargs: dict[str, Any]) -> None:
-    """Queue one online request; raises redis.RedisError when the broker cannot take it."""
-    await client.lpush(queue, task_message(task_id, queue, kwargs))

@@ -14,7 +14,8 @@ from pathlib import Path
 import yaml
 from django.conf import settings
 
-TASKS = ("router", "embedding", "text-classification")
+# identity: no weights, the platform's overhead probe (inference/handlers/identity.py).
+TASKS = ("router", "embedding", "text-classification", "identity")
 
 
 class RegistryError(ValueError):

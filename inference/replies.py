@@ -21,15 +21,20 @@ def reply_key(task_id: str) -> str:
     return f"inference:reply:{task_id}"
 
 
+def queue_replies(pipe: redis.client.Pipeline, replies: dict[str, dict[str, Any]]) -> None:
+    """Queue answers for many requests on a pipeline (executed by the caller, with whatever else it writes)."""
+    for task_id, payload in replies.items():
+        key = reply_key(task_id)
+        pipe.rpush(key, json.dumps(payload, separators=(",", ":")))
+        pipe.expire(key, REPLY_TTL_S)
+
+
 def push_replies(client: redis.Redis, replies: dict[str, dict[str, Any]]) -> None:
     """Deliver answers for many requests in one round trip."""
     if not replies:
         return
     pipe = client.pipeline(transaction=False)
-    for task_id, payload in replies.items():
-        key = reply_key(task_id)
-        pipe.rpush(key, json.dumps(payload, separators=(",", ":")))
-        pipe.expire(key, REPLY_TTL_S)
+    queue_replies(pipe, replies)
     pipe.execute()
 
 

@@ -15,8 +15,9 @@ import redis
 from django.conf import settings
 
 from inference import runtime
+from inference.admission import queue_release
 from inference.batching import group_by
-from inference.replies import push_replies
+from inference.replies import queue_replies
 from inference.workers import WorkerState, record_batch
 
 logger = logging.getLogger(__name__)
@@ -57,44 +58,75 @@ def _offset(request: Any) -> int:
     return part[0] if part else 0
 
 
-class _Answers:
-    """Pushes each request's reply as soon as the last pass holding one of its texts is done."""
+# A pass shorter than this (an identity model, or a GPU's pass of a few short texts) does not get its
+# replies written at once: they wait for the next slow pass or the batch's end and go out in one round
+# trip with the rest. Per pass, the Redis write cost more than the model on such passes.
+_EARLY_REPLY_PASS_S = 0.001
 
-    def __init__(self, live: list[Any], client: redis.Redis, worker: str) -> None:
-        self.live, self.client, self.worker = live, client, worker
+
+class _Answers:
+    """Replies to a batch's requests, written as the passes holding their texts end.
+
+    Each written reply is queued with the release of its request from the admission backlog (on its
+    last part), and the last write carries the batch's statistics: one round trip per batch when passes
+    are quick, one per slow pass otherwise.
+    """
+
+    def __init__(self, model: str, live: list[Any], client: redis.Redis, worker: str) -> None:
+        self.model, self.live, self.client, self.worker = model, live, client, worker
         self.owner: list[int] = [n for n, r in enumerate(live) for _ in r.kwargs["inputs"]]
         self.first_text = [0] * len(live)
         for n in range(1, len(live)):
             self.first_text[n] = self.first_text[n - 1] + len(live[n - 1].kwargs["inputs"])
         self.remaining = [len(r.kwargs["inputs"]) for r in live]
         self.answered: set[int] = set()
+        self._replies: dict[str, dict[str, Any]] = {}
+        self._finished: list[str] = []  # requests whose last part is answered: released from admission
 
     def pass_done(self, indices: list[int], outputs: list[Any], passes: list[runtime.Pass]) -> None:
-        replies = {}
         for index in indices:
             n = self.owner[index]
             self.remaining[n] -= 1
             if self.remaining[n] == 0:
                 request = self.live[n]
                 own = slice(self.first_text[n], self.first_text[n] + len(request.kwargs["inputs"]))
-                replies[request.id] = {
-                    "ok": True,
-                    "outputs": outputs[own],
-                    "timing": _timing(request, passes[own], len(self.live)),
-                    "worker": self.worker,
-                    **part_of(request),
-                }
+                self._add(
+                    request,
+                    {
+                        "ok": True,
+                        "outputs": outputs[own],
+                        "timing": _timing(request, passes[own], len(self.live)),
+                        "worker": self.worker,
+                    },
+                )
                 self.answered.add(n)
-        push_replies(self.client, replies)
+        done = passes[indices[0]]
+        if done.end - done.start >= _EARLY_REPLY_PASS_S:
+            self.flush()
+
+    def fail(self, requests: list[Any], error: str, code: str) -> None:
+        for request in requests:
+            self._add(request, {"ok": False, "error": error, "code": code, "worker": self.worker})
+
+    def _add(self, request: Any, reply: dict[str, Any]) -> None:
+        self._replies[request.id] = {**reply, **part_of(request)}
+        if _is_last_part(request):
+            self._finished.append(request.id)
+
+    def flush(self, **batch_stats: Any) -> None:
+        """Write the replies not yet written, with `record_batch(**batch_stats)` when given."""
+        if not (self._replies or batch_stats):
+            return
+        pipe = self.client.pipeline(transaction=False)
+        queue_replies(pipe, self._replies)
+        queue_release(pipe, self.model, self._finished)
+        if batch_stats:
+            record_batch(self.client, self.model, pipe=pipe, **batch_stats)
+        self._replies, self._finished = {}, []
+        pipe.execute()
 
     def unanswered(self) -> list[Any]:
         return [r for n, r in enumerate(self.live) if n not in self.answered]
-
-
-def _fail(client: redis.Redis, requests: list[Any], error: str, code: str, worker: str) -> None:
-    push_replies(
-        client, {r.id: {"ok": False, "error": error, "code": code, "worker": worker, **part_of(r)} for r in requests}
-    )
 
 
 def _culprit(model: str, request: Any) -> str:
@@ -115,14 +147,15 @@ def _isolate(model: str, requests: list[Any], client: redis.Redis, worker: str) 
     for request in requests:
         if request.kwargs["deadline"] <= time.time():
             continue  # its caller has been answered 504 already
-        alone = _Answers([request], client, worker)
+        alone = _Answers(model, [request], client, worker)
         try:
             runtime.run(model, request.kwargs["inputs"], on_pass=alone.pass_done)
             answered += 1
         except Exception:
             logger.warning("request %s fails on model %s on its own", request.id, model, exc_info=True)
-            _fail(client, [request], _culprit(model, request), "input_rejected", worker)
+            alone.fail([request], _culprit(model, request), "input_rejected")
             failed += 1
+        alone.flush()
     return answered, failed
 
 
@@ -135,12 +168,13 @@ def _serve_model(model: str, group: list[Any], client: redis.Redis, state: Worke
         return
     texts = [text for r in live for text in r.kwargs["inputs"]]
     worker = state.worker_id if state else ""
-    answers = _Answers(live, client, worker)
+    answers = _Answers(model, live, client, worker)
     try:
         _, passes = runtime.run(model, texts, on_pass=answers.pass_done)
     except Exception:
         # One request's input can fail a whole pass; its neighbours must not pay for it.
         logger.warning("a batch of %d requests failed on %s; running them one by one", len(live), model, exc_info=True)
+        answers.flush()  # those answered before the failing pass
         rest = answers.unanswered()
         done, failed = _isolate(model, rest, client, worker)
         done += len(live) - len(rest)
@@ -149,9 +183,7 @@ def _serve_model(model: str, group: list[Any], client: redis.Redis, state: Worke
         record_batch(client, model, done=done, texts=0, busy_s=0.0, expired=expired, failed=failed)
         return
     distinct = list({id(p): p for p in passes}.values())
-    record_batch(
-        client,
-        model,
+    answers.flush(
         done=len(live),
         texts=len(texts),
         busy_s=time.time() - started,

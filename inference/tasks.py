@@ -8,10 +8,11 @@ from celery import signals
 from django.conf import settings
 
 from inference import worker_process
+from inference.admission import queue_release
 from inference.batching import AdaptiveBatches, group_by
 from inference.dispatch import Limits, Work
 from inference.registry import get_registry
-from inference.replies import push_replies
+from inference.replies import queue_replies
 from inference.serving import part_of, serve_online
 from inference.workers import record_batch
 from platform_.celery import app
@@ -45,7 +46,11 @@ class OnlineBatches(AdaptiveBatches):
         return Work(request, kwargs["model"], str(kwargs.get("client", "")), costs, received_s, kwargs["deadline"])
 
     def on_lost(self, requests: list[Any], reason: str) -> None:
-        push_replies(get_redis(), {r.id: {"ok": False, "error": reason, **part_of(r)} for r in requests})
+        pipe = get_redis().pipeline(transaction=False)
+        queue_replies(pipe, {r.id: {"ok": False, "error": reason, **part_of(r)} for r in requests})
+        for model, group in group_by(requests, lambda r: r.kwargs["model"]).items():
+            queue_release(pipe, model, [r.id for r in group])
+        pipe.execute()
 
     def on_expired(self, requests: list[Any]) -> None:
         for model, group in group_by(requests, lambda r: r.kwargs["model"]).items():

@@ -126,12 +126,15 @@ def record_batch(
     inference_s: float = 0.0,
     max_batch_size: int = 1,
     batch: bool = True,
+    pipe: redis.client.Pipeline | None = None,
 ) -> None:
     """Count one batch: lifetime totals, the per-second bucket admission reads the drain rate from
     (requests, tokens and busy child-seconds), and the shared metrics (batch sizes and fill,
-    inference time), in one round trip. `batch=False` counts requests dropped before dispatch."""
+    inference time), in one round trip. `batch=False` counts requests dropped before dispatch.
+    With `pipe`, the commands are queued on it for the caller to execute with its own."""
     now_s = int(time.time())
-    pipe = client.pipeline(transaction=False)
+    own = pipe is None
+    pipe = client.pipeline(transaction=False) if pipe is None else pipe
     totals = {"requests_done": done, "texts_done": texts, "expired_skipped": expired, "failed": failed}
     for name, value in totals.items():
         if value:
@@ -148,7 +151,8 @@ def record_batch(
         pipe.hincrby(bucket, "tokens", tokens)
         pipe.hincrbyfloat(bucket, "busy_s", busy_s)
         pipe.expire(bucket, BUCKET_TTL_S)
-    pipe.execute()
+    if own:
+        pipe.execute()
 
 
 _dispatcher_beat: Any = None  # the timer entry of this process's dispatcher heartbeat

@@ -11,7 +11,7 @@ import time
 
 from django.conf import settings
 
-from inference.admission import backlog_key
+from inference.admission import queue_purge
 from inference.registry import get_registry
 from inference.workers import WORKERS_KEY, alive_workers
 from platform_.metrics import GAUGES_KEY, HISTORY_S, second_key
@@ -26,10 +26,11 @@ def queue_depths(client) -> dict[str, float]:
     pipe = client.pipeline(transaction=False)
     pipe.llen("online")
     for name in get_registry().names():
-        pipe.zremrangebyscore(backlog_key(name), "-inf", now)
-        pipe.zcard(backlog_key(name))
+        # Expired entries go with their tokens: removed from the sorted set alone, their tokens would
+        # stay counted in the backlog for good and admission would refuse more and more.
+        queue_purge(pipe, name, now)
     online_waiting, *rest = pipe.execute()
-    admitted = sum(rest[1::2])
+    admitted = sum(rest)
     offline_waiting = Chunk.objects.filter(status=ChunkStatus.QUEUED).count()
     offline_running = Chunk.objects.filter(status=ChunkStatus.RUNNING).count()
     return {

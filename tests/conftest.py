@@ -117,6 +117,7 @@ def models_file(tmp_path_factory, tiny_classifier) -> Path:
             "router": {"task": "router", "path": MINILM, "routes": "inference/routes/support.yaml", **limits},
             "embedding": {"task": "embedding", "path": MINILM, **limits},
             "sentiment": {"task": "text-classification", "path": str(tiny_classifier), **limits},
+            "identity": {"task": "identity", "path": MINILM, **limits},
             "router-tight": {
                 "task": "router",
                 "path": MINILM,

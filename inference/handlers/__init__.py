@@ -26,4 +26,8 @@ def build_handler(spec: ModelSpec) -> Handler:
         from inference.handlers.router import RouterHandler
 
         return RouterHandler.load(spec)
+    if spec.task == "identity":
+        from inference.handlers.identity import IdentityHandler
+
+        return IdentityHandler.load(spec)  # type: ignore[return-value]
     raise ValueError(f"unknown task {spec.task!r}")

@@ -1,0 +1,116 @@
+"""The lean online path (issue 10) as a user and an operator see it: the identity probe answers through
+the whole real path, an answered request stops counting against admission without the web tier's help,
+online messages leave no acknowledgement bookkeeping in Redis, and expired entries leave the backlog with
+their tokens."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+import requests
+
+from inference.admission import backlog_cost_key, backlog_key, backlog_tokens_key, queue_purge
+from inference.registry import ModelSpec
+from inference.tokens import token_counts
+from tests.conftest import MINILM
+
+
+def wait_for(condition, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
+def test_identity_answers_each_texts_length_and_the_tokens_admission_priced(stack):
+    texts = ["hello world", "Ünïcödé tëxt, with punctuation!", "word " * 400]
+    response = stack.predict("identity", texts)
+    assert response.status_code == 200, response.text
+    outputs = response.json()["outputs"]
+    spec = ModelSpec(name="identity", task="identity", path=MINILM, max_seq_length=128)
+    assert [o["chars"] for o in outputs] == [len(t) for t in texts]
+    assert [o["tokens"] for o in outputs] == token_counts(spec, texts)
+    assert outputs[2]["tokens"] == 128  # truncated to the model's max_seq_length, as the model would be
+    models = requests.get(f"{stack.url}/api/v1/models", headers=stack.headers(), timeout=10).json()["models"]
+    assert {"name": "identity", "task": "identity"}.items() <= next(
+        m for m in models if m["name"] == "identity"
+    ).items()
+
+
+def _online_unacked(client: redis.Redis) -> list[str]:
+    """kombu's unacked entries that hold an online message."""
+    found = []
+    for raw in client.hvals("unacked"):
+        message, _exchange, routing_key = json.loads(raw)
+        if routing_key == "online":
+            found.append(message["headers"]["id"])
+    return found
+
+
+def test_answered_requests_stop_counting_and_leave_no_ack_bookkeeping(stack):
+    for _ in range(20):
+        assert stack.predict("identity", ["a short text", "another one"]).status_code == 200
+
+    def released() -> bool:
+        tokens = stack.redis.hgetall(backlog_tokens_key("identity"))
+        return not stack.redis.zcard(backlog_key("identity")) and int(tokens.get("all", 0)) == 0
+
+    # Nothing waits for a deadline here: the worker released each request as it wrote the answer.
+    assert wait_for(released, timeout_s=2.0), stack.redis.hgetall(backlog_tokens_key("identity"))
+    assert not stack.redis.hlen(backlog_cost_key("identity"))
+    assert _online_unacked(stack.redis) == []
+
+
+def test_a_caller_that_hung_up_stops_counting_once_its_work_is_done_not_at_its_deadline(stack):
+    stack.pause_worker()  # the request waits in the queue, as behind a busy worker
+    try:
+        with pytest.raises(requests.Timeout):
+            requests.post(
+                f"{stack.url}/api/v1/models/identity/predict",
+                json={"inputs": ["a caller that gives up"]},
+                headers=stack.headers(**{"X-Deadline-Ms": "9000"}),
+                timeout=0.5,
+            )
+        assert int(stack.redis.hget(backlog_tokens_key("identity"), "all") or 0) > 0  # still counted
+    finally:
+        stack.resume_worker()
+    hung_up_at = time.monotonic()
+    assert wait_for(lambda: int(stack.redis.hget(backlog_tokens_key("identity"), "all") or 0) == 0, timeout_s=8.0)
+    assert time.monotonic() - hung_up_at < 5.0  # released by the worker's answer, well before the 9 s deadline
+
+
+def test_expired_entries_leave_the_backlog_with_their_tokens(redis_client):
+    model = f"purge-{time.time_ns()}"
+    keys = [backlog_key(model), backlog_cost_key(model), backlog_tokens_key(model)]
+    now = time.time()
+    # Two admitted requests whose callers vanished (one past its deadline) and one still live.
+    redis_client.zadd(keys[0], {"gone": now - 1, "live": now + 60})
+    redis_client.hset(keys[1], mapping={"gone": "70:a", "live": "30:b"})
+    redis_client.hset(keys[2], mapping={"all": 100, "c:a": 70, "n:a": 1, "c:b": 30, "n:b": 1})
+    pipe = redis_client.pipeline(transaction=False)
+    queue_purge(pipe, model, now)
+    assert pipe.execute() == [1]
+    assert redis_client.hgetall(keys[2]) == {"all": "30", "c:b": "30", "n:b": "1"}
+    assert redis_client.hgetall(keys[1]) == {"live": "30:b"}
+    redis_client.delete(*keys)
+
+
+@pytest.mark.django_db
+def test_the_sampler_purges_through_admission_so_tokens_do_not_leak(redis_client, settings):
+    from platform_.sampler import queue_depths
+
+    model = "identity"
+    keys = [backlog_key(model), backlog_cost_key(model), backlog_tokens_key(model)]
+    redis_client.zadd(keys[0], {"sampler-gone": time.time() - 1})
+    redis_client.hset(keys[1], "sampler-gone", "55:z")
+    redis_client.hincrby(keys[2], "all", 55)
+    redis_client.hincrby(keys[2], "c:z", 55)
+    redis_client.hincrby(keys[2], "n:z", 1)
+    queue_depths(redis_client)
+    assert not redis_client.hexists(keys[1], "sampler-gone")
+    assert "c:z" not in redis_client.hgetall(keys[2])
