@@ -134,7 +134,8 @@ class AdaptiveBatches(Batches):
         # Queues consumed without acknowledgements (kombu `Queue(no_ack=True)`; the online queue, see
         # platform_/celery.py): their messages are never acked, and nothing but this task bounds how
         # many the worker pulls, so it holds at most what its prefetch would have allowed.
-        self._unacked_queues = frozenset(name for name, queue in app.amqp.queues.items() if queue.no_ack)
+        consumed = app.amqp.queues.consume_from or app.amqp.queues  # the queues this worker's -Q selects
+        self._unacked_queues = frozenset(name for name, queue in consumed.items() if queue.no_ack)
         self._max_held = consumer.initial_prefetch_count or 4 * self._children()
         self._gate = None
         self.on_consumer_ready(consumer)
@@ -160,7 +161,8 @@ class AdaptiveBatches(Batches):
         strategy is built; a reconnect builds a new strategy, so a new channel gets its own gate.)
         """
         qos = consumer.task_consumer.channel.qos
-        self._gate = lambda: len(self._received_at) < self._max_held
+        prefetch_allows = qos.can_consume  # still counts the acknowledged queues' messages, if any
+        self._gate = lambda: len(self._received_at) < self._max_held and prefetch_allows()
         qos.can_consume = self._gate
 
     def _acks(self, request: Any) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 import redis
 
 from platform_ import metrics
+from platform_.redis import Increments
 
 WORKERS_KEY = "inference:workers"
 # Each worker's main process (the dispatcher: it consumes the queue and hands batches to children)
@@ -133,26 +134,29 @@ def record_batch(
     inference time), in one round trip. `batch=False` counts requests dropped before dispatch.
     With `pipe`, the commands are queued on it for the caller to execute with its own."""
     now_s = int(time.time())
-    own = pipe is None
-    pipe = client.pipeline(transaction=False) if pipe is None else pipe
+    counters = Increments()
     totals = {"requests_done": done, "texts_done": texts, "expired_skipped": expired, "failed": failed}
     for name, value in totals.items():
         if value:
-            pipe.hincrby(stats_key(model), name, value)
+            counters.hincrby(stats_key(model), name, value)
     if pass_sizes:
-        pipe.hincrby(stats_key(model), "forward_passes", len(pass_sizes))
-        pipe.hincrby(stats_key(model), "forward_texts", sum(pass_sizes))
-        metrics.write_pipeline(pipe, metrics.batch_fields(model, pass_sizes, max_batch_size, inference_s))
+        counters.hincrby(stats_key(model), "forward_passes", len(pass_sizes))
+        counters.hincrby(stats_key(model), "forward_texts", sum(pass_sizes))
+        metrics.write_pipeline(counters, metrics.batch_fields(model, pass_sizes, max_batch_size, inference_s))
     if batch:
-        pipe.hincrby(stats_key(model), "batches", 1)
+        counters.hincrby(stats_key(model), "batches", 1)
     if busy_s > 0:
         bucket = rate_key(model, now_s)
-        pipe.hincrby(bucket, "done", done)
-        pipe.hincrby(bucket, "tokens", tokens)
-        pipe.hincrbyfloat(bucket, "busy_s", busy_s)
-        pipe.expire(bucket, BUCKET_TTL_S)
-    if own:
+        counters.hincrby(bucket, "done", done)
+        counters.hincrby(bucket, "tokens", tokens)
+        counters.hincrbyfloat(bucket, "busy_s", busy_s)
+        counters.expire(bucket, BUCKET_TTL_S)
+    if pipe is None:
+        pipe = client.pipeline(transaction=False)
+        counters.queue_on(pipe)
         pipe.execute()
+    else:
+        counters.queue_on(pipe)
 
 
 _dispatcher_beat: Any = None  # the timer entry of this process's dispatcher heartbeat

@@ -6,7 +6,10 @@ their tokens."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
@@ -15,6 +18,7 @@ import requests
 from inference.admission import backlog_cost_key, backlog_key, backlog_tokens_key, queue_purge
 from inference.registry import ModelSpec
 from inference.tokens import token_counts
+from platform_.redis import Increments
 from tests.conftest import MINILM
 
 
@@ -66,6 +70,33 @@ def test_answered_requests_stop_counting_and_leave_no_ack_bookkeeping(stack):
     assert _online_unacked(stack.redis) == []
 
 
+def test_a_busy_worker_leaves_what_it_cannot_hold_in_the_queue_for_other_workers(stack):
+    """Consumed without acks, nothing in kombu bounds what a worker pulls: the dispatcher's gate does
+    (its prefetch, 64 in the test stack). The rest stays in Redis, where another worker can take it."""
+    children = [child["pid"] for child in stack.online_children()]
+    sent, held_at_most = 150, 64
+    tokens = [stack.token, stack.other_token, stack.third_token]
+    for pid in children:
+        os.kill(pid, signal.SIGSTOP)  # busy children: the worker's main process keeps consuming
+    try:
+        with ThreadPoolExecutor(max_workers=sent) as pool:
+            calls = [
+                pool.submit(stack.predict, "identity", [f"text {i}"], token=tokens[i % 3], **{"X-Deadline-Ms": "9000"})
+                for i in range(sent)
+            ]
+            # One dispatch (at most a batch of 32) went to a stopped child; the gate holds 64 more.
+            left = wait_for(lambda: stack.redis.llen("online") >= sent - held_at_most - 32, timeout_s=5.0)
+            queued = stack.redis.llen("online")
+            for pid in children:
+                os.kill(pid, signal.SIGCONT)
+            statuses = [call.result().status_code for call in calls]
+    finally:
+        for pid in children:
+            os.kill(pid, signal.SIGCONT)
+    assert left, f"the worker pulled all but {queued} of {sent} messages"
+    assert statuses == [200] * sent  # and once the children run again, every request is answered
+
+
 def test_a_caller_that_hung_up_stops_counting_once_its_work_is_done_not_at_its_deadline(stack):
     stack.pause_worker()  # the request waits in the queue, as behind a busy worker
     try:
@@ -114,3 +145,20 @@ def test_the_sampler_purges_through_admission_so_tokens_do_not_leak(redis_client
     queue_depths(redis_client)
     assert not redis_client.hexists(keys[1], "sampler-gone")
     assert "c:z" not in redis_client.hgetall(keys[2])
+
+
+def test_increments_leave_redis_as_the_commands_would(redis_client):
+    key, other = f"incr-{time.time_ns()}", f"incr2-{time.time_ns()}"
+    counters = Increments()
+    counters.hincrby(key, "n", 3)
+    counters.hincrby(key, "n", -1)
+    counters.hincrbyfloat(key, "seconds", 0.25)
+    counters.hincrbyfloat(other, "tiny", 1e-05)
+    counters.expire(key, 60)
+    pipe = redis_client.pipeline(transaction=False)
+    counters.queue_on(pipe)
+    pipe.execute()
+    assert redis_client.hgetall(key) == {"n": "2", "seconds": "0.25"}
+    assert float(redis_client.hget(other, "tiny")) == pytest.approx(1e-05)
+    assert 0 < redis_client.ttl(key) <= 60 and redis_client.ttl(other) == -1
+    redis_client.delete(key, other)
