@@ -13,12 +13,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import redis
 from celery_batches import Batches, SimpleRequest, consume_queue
 from celery_batches.trace import apply_batches_task
 
@@ -97,6 +99,7 @@ class AdaptiveBatches(Batches):
         self._unacked_queues: frozenset[str] = frozenset()
         self._max_held = 0
         self._gate: Callable[[], bool] | None = None
+        self._closing = False
 
     # Hooks for the concrete task -------------------------------------------------------------
     def max_texts(self, model: str) -> int:
@@ -187,6 +190,8 @@ class AdaptiveBatches(Batches):
         now = time.time()
         for request in consume_queue(self._buffer):
             self.policy.add(self.work_for(request, self._received_at.get(request.id, now)))
+        if self._closing:
+            return
         plan = self.policy.plan(self._children() - self._in_flight, self._children(), now)
         for dispatch in plan.dispatches:
             self._send(dispatch, now)
@@ -202,6 +207,34 @@ class AdaptiveBatches(Batches):
                 self.on_expired(expired)
             except Exception:  # counting them must not stop dispatching
                 logger.warning("could not record %d expired requests", len(expired), exc_info=True)
+
+    def stop_dispatching(self) -> None:
+        """The worker is shutting down: batches still running finish, no new one starts."""
+        self._closing = True
+
+    def hand_back(self, client: redis.Redis) -> int:
+        """Put the requests this worker took from a no-ack queue but never started back at the head of
+        their queue, for another worker (called at shutdown, after the pool has stopped).
+
+        With acknowledgements kombu restores what a stopping worker prefetched; without them these
+        messages exist nowhere else. A request already partly dispatched is answered with an error
+        instead (its first parts went to its caller). Returns how many were handed back.
+        """
+        handed = 0
+        pipe = client.pipeline(transaction=False)
+        for work in self.policy.drain():
+            request = work.key
+            self._received_at.pop(request.id, None)
+            if self._acks(request):
+                continue  # kombu restores it
+            if work.next_text == 0:
+                # RPUSH: the end BRPOP takes next, so they are served before newer requests.
+                pipe.rpush(request.delivery_info["routing_key"], json.dumps(request.message._raw))
+                handed += 1
+            else:
+                self.on_lost([request], "the worker shut down before finishing this request")
+        pipe.execute()
+        return handed
 
     def _on_wake(self) -> None:
         self._wake = None

@@ -158,6 +158,12 @@ class FairDispatcher:
         if not queue.clients:
             del self._models[work.model]
 
+    def drain(self) -> list[Work]:
+        """Remove and return all waiting work (a worker that shuts down hands it back)."""
+        works = [w for m in self._models.values() for q in m.clients.values() for w in q]
+        self._models.clear()
+        return works
+
     def __len__(self) -> int:
         return sum(len(q) for m in self._models.values() for q in m.clients.values())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import signals
@@ -19,6 +20,8 @@ from platform_.celery import app
 from platform_.periodic import Periodic
 from platform_.redis import get_redis
 from platform_.sampler import sample_and_trim
+
+logger = logging.getLogger(__name__)
 
 
 class OnlineBatches(AdaptiveBatches):
@@ -61,6 +64,19 @@ class OnlineBatches(AdaptiveBatches):
 def predict_online(requests: list[Any]) -> None:
     with worker_process.busy():
         serve_online(requests, get_redis(), worker_process.state)
+
+
+@signals.worker_shutting_down.connect
+def _stop_dispatching(**_: Any) -> None:
+    app.tasks[predict_online.name].stop_dispatching()
+
+
+@signals.worker_shutdown.connect
+def _hand_back_waiting(**_: Any) -> None:
+    """Requests taken from the online queue (no acks) but not started go back to it for another worker."""
+    handed = app.tasks[predict_online.name].hand_back(get_redis())
+    if handed:
+        logger.warning("handed %d waiting online requests back to the queue", handed)
 
 
 @signals.worker_process_init.connect

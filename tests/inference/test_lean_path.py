@@ -8,18 +8,22 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import redis
 import requests
 
 from inference.admission import backlog_cost_key, backlog_key, backlog_tokens_key, queue_purge
+from inference.publish import task_message
 from inference.registry import ModelSpec
+from inference.replies import reply_key
 from inference.tokens import token_counts
 from platform_.redis import Increments
-from tests.conftest import MINILM
+from tests.conftest import MINILM, _start, _stop
 
 
 def wait_for(condition, timeout_s: float = 10.0):
@@ -95,6 +99,45 @@ def test_a_busy_worker_leaves_what_it_cannot_hold_in_the_queue_for_other_workers
             os.kill(pid, signal.SIGCONT)
     assert left, f"the worker pulled all but {queued} of {sent} messages"
     assert statuses == [200] * sent  # and once the children run again, every request is answered
+
+
+def test_a_worker_that_shuts_down_hands_back_the_requests_it_held(stack, redis_url, tmp_path):
+    """Without acks kombu restores nothing at shutdown: the dispatcher puts back what it never started."""
+    own_db = redis_url.rsplit("/", 1)[0] + "/13"  # its own queue: the stack's worker must not take these
+    client = redis.Redis.from_url(own_db, decode_responses=True)
+    client.flushdb()
+    command = [str(Path(sys.executable).parent / "celery"), "-A", "platform_", "worker", "-Q", "online", "-c", "1"]
+    command += [
+        "--prefetch-multiplier",
+        "64",
+        "--without-gossip",
+        "--without-mingle",
+        "-n",
+        f"handback-{os.getpid()}@%h",
+    ]
+    env = {**stack.env, "REDIS_URL": own_db, "WORKER_QUEUE": "online", "WORKER_MODELS": "identity"}
+    worker = _start(command, env, tmp_path / "worker.log")
+    try:
+        assert wait_for(lambda: client.hlen("inference:workers") == 1, timeout_s=60), (
+            tmp_path / "worker.log"
+        ).read_text()
+        child = json.loads(next(iter(client.hvals("inference:workers"))))["pid"]
+        os.kill(child, signal.SIGSTOP)  # busy: the first request goes to it, the rest wait in the dispatcher
+        ids = [f"handback-{i}" for i in range(20)]
+        for task_id in ids:
+            kwargs = {"model": "identity", "inputs": ["hi"], "tokens": [3], "client": "c", "deadline": time.time() + 60}
+            client.lpush("online", task_message(task_id, "online", {**kwargs, "enqueued_at": time.time()}))
+        assert wait_for(lambda: client.llen("online") == 0)  # all taken (fewer than its prefetch of 64)
+        worker.send_signal(signal.SIGTERM)  # warm shutdown
+        os.kill(child, signal.SIGCONT)
+        worker.wait(timeout=60)
+    finally:
+        _stop(worker)
+    answered = {task_id for task_id in ids if client.exists(reply_key(task_id))}
+    queued = {json.loads(raw)["headers"]["id"] for raw in client.lrange("online", 0, -1)}
+    assert answered | queued == set(ids) and not answered & queued  # each one answered or back in the queue
+    assert len(queued) >= 15
+    client.flushdb()
 
 
 def test_a_caller_that_hung_up_stops_counting_once_its_work_is_done_not_at_its_deadline(stack):
