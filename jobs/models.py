@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import models, transaction
+from django.db import connection, models, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
@@ -261,8 +261,34 @@ class JobRowQuerySet(models.QuerySet):
                 .values_list("pk", flat=True)
             )
             writable = [row for row in rows if row.job_id in live]
-            self.filter(status=RowStatus.PENDING).bulk_update(writable, fields, batch_size=500)
+            self._update_pending(writable, fields)
         return job_ids - live
+
+    def _update_pending(self, rows: list[JobRow], fields: list[str]) -> None:
+        """UPDATE each row WHERE it is still PENDING, as one executemany of a prepared statement.
+
+        QuerySet.bulk_update builds a CASE WHEN expression per field per row in Python: about 1.5 ms
+        a row, a tenth of an offline child's time beside forward passes of 13 ms a row. This is ~20 µs.
+        """
+        if not rows:
+            return
+        qn = connection.ops.quote_name
+        meta = JobRow._meta
+        columns = [meta.get_field(name) for name in fields]
+        status = meta.get_field("status")
+        sql = "UPDATE {} SET {} WHERE {} = %s AND {} = %s".format(
+            qn(meta.db_table),
+            ", ".join(f"{qn(field.column)} = %s" for field in columns),
+            qn(meta.pk.column),
+            qn(status.column),
+        )
+        params = [
+            [field.get_db_prep_save(getattr(row, field.attname), connection) for field in columns]
+            + [row.pk, RowStatus.PENDING.value]
+            for row in rows
+        ]
+        with connection.cursor() as cursor:
+            cursor.executemany(sql, params)
 
     def complete(self, rows: list[JobRow], fields: list[str]) -> set[int]:
         """PENDING -> DONE with the model's output (set on the objects); returns the jobs no longer running."""
