@@ -66,15 +66,22 @@ def predict_online(requests: list[Any]) -> None:
         serve_online(requests, get_redis(), worker_process.state)
 
 
+def _dispatchers() -> list[AdaptiveBatches]:
+    return [task for task in app.tasks.values() if isinstance(task, AdaptiveBatches)]
+
+
 @signals.worker_shutting_down.connect
 def _stop_dispatching(**_: Any) -> None:
-    app.tasks[predict_online.name].stop_dispatching()
+    """Batches already with a child finish; no new one starts (online and offline alike)."""
+    for task in _dispatchers():
+        task.stop_dispatching()
 
 
 @signals.worker_shutdown.connect
 def _hand_back_waiting(**_: Any) -> None:
-    """Requests taken from the online queue (no acks) but not started go back to it for another worker."""
-    handed = app.tasks[predict_online.name].hand_back(get_redis())
+    """Requests taken from a no-ack queue (online) but not started go back to it for another worker;
+    offline chunks are acknowledged late, so kombu itself restores the unstarted ones."""
+    handed = sum(task.hand_back(get_redis()) for task in _dispatchers())
     if handed:
         logger.warning("handed %d waiting online requests back to the queue", handed)
 
