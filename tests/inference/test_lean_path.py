@@ -129,8 +129,14 @@ def test_a_worker_that_shuts_down_hands_back_the_requests_it_held(stack, redis_u
             kwargs = {"model": "identity", "inputs": ["hi"], "tokens": [3], "client": "c", "deadline": time.time() + 60}
             client.lpush("online", task_message(task_id, "online", {**kwargs, "enqueued_at": time.time()}))
 
+        def rpops() -> int:
+            return int(client.info("commandstats").get("cmdstat_rpop", {}).get("calls", 0))
+
+        before = rpops()
         push(ids[0])
-        assert wait_for(lambda: client.llen("online") == 0)  # dispatched to the (stopped) child
+        # Taken by a BRPOP, then the burst's RPOP found nothing more; the dispatch to the stopped child
+        # follows in the same step of the worker's loop, before it reads Redis again.
+        assert wait_for(lambda: client.llen("online") == 0 and rpops() > before)
         for task_id in ids[1:]:
             push(task_id)
         assert wait_for(lambda: client.llen("online") == 0)  # all taken (fewer than its prefetch of 64)
