@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -26,6 +25,7 @@ from celery_batches.trace import apply_batches_task
 
 from inference.dispatch import FairDispatcher, Limits, Slice, Work
 from inference.workers import start_dispatcher_heartbeat
+from platform_.celery import worker_role
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ class AdaptiveBatches(Batches):
     def on_consumer_ready(self, consumer: Any) -> None:
         """Called in the worker's main process when this task's strategy is built (at start and after
         each broker reconnect): (re)starts the dispatcher heartbeat on the consumer's timer."""
-        start_dispatcher_heartbeat(consumer.timer, os.environ.get("WORKER_QUEUE", "online"))
+        start_dispatcher_heartbeat(consumer.timer, worker_role())
 
     @property
     def policy(self) -> FairDispatcher:

@@ -7,7 +7,6 @@ runs in prefork children only: never in the worker's parent nor in the web proce
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -16,6 +15,7 @@ from django.conf import settings
 from inference import runtime
 from inference.registry import get_registry
 from inference.workers import Heartbeat, WorkerState
+from platform_.celery import worker_role
 from platform_.redis import get_redis
 
 logger = logging.getLogger(__name__)
@@ -32,8 +32,8 @@ def start() -> None:
     if unknown:
         raise RuntimeError(f"WORKER_MODELS names unknown models: {unknown}")
     runtime.load([registry.models[name] for name in names])
-    # WORKER_QUEUE: which queue this worker consumes (online or offline), shown on /models and the dashboard.
-    state = WorkerState(queue=os.environ.get("WORKER_QUEUE", "online"), models=runtime.loaded())
+    # Which queue this worker consumes (online or offline), shown on /models and the dashboard.
+    state = WorkerState(queue=worker_role(), models=runtime.loaded())
     _heartbeat = Heartbeat(get_redis(), state, settings.WORKER_HEARTBEAT_S)
     _heartbeat.start()
     logger.info("worker child %s ready on %s with %s", state.worker_id, state.queue, state.models)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from celery import signals
@@ -13,7 +12,7 @@ from inference.batching import AdaptiveBatches
 from jobs.lifecycle import run_ingest
 from jobs.reconcile import reconcile
 from jobs.runner import requeue_lost, run_chunks
-from platform_.celery import app
+from platform_.celery import app, worker_role
 from platform_.cpu import lower_cpu_priority
 from platform_.periodic import Periodic
 
@@ -53,16 +52,16 @@ def ingest_upload(job_id: int) -> None:
 _reconciler: Periodic | None = None
 
 
-@signals.worker_init.connect
+@signals.celeryd_after_setup.connect  # after -Q is applied, before the pool forks its children
 def _lower_priority(**_: Any) -> None:
-    if os.environ.get("WORKER_QUEUE") == "offline":
+    if worker_role() == "offline":
         lower_cpu_priority(settings.OFFLINE_NICE)
 
 
 @signals.worker_ready.connect
 def _start_reconciler(**_: Any) -> None:
     global _reconciler
-    if os.environ.get("WORKER_QUEUE") == "offline":
+    if worker_role() == "offline":
         _reconciler = Periodic("jobs-reconciler", settings.JOBS_RECONCILE_S, reconcile)
         _reconciler.start()
 

@@ -41,3 +41,15 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
 )
 app.autodiscover_tasks(["inference", "jobs"])
+
+
+def worker_role() -> str:
+    """`online` or `offline`: what this worker process consumes (its `-Q`), so a worker's identity (its
+    heartbeats, admission's view of who serves a model, the offline worker's reconciler and priority)
+    cannot disagree with its queues. Outside a worker, or one consuming every queue, WORKER_QUEUE says."""
+    consumed = set(app.amqp.queues.consume_from or ())
+    if consumed and ONLINE_QUEUE not in consumed and OFFLINE_QUEUE in consumed:
+        return "offline"
+    if consumed and ONLINE_QUEUE in consumed and OFFLINE_QUEUE not in consumed:
+        return "online"
+    return os.environ.get("WORKER_QUEUE", "online")
