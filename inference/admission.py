@@ -138,6 +138,11 @@ def backlog_tokens_key(model: str) -> str:
     return f"inference:backlog:{model}:tokens"
 
 
+def backlog_keys(model: str) -> list[str]:
+    """The three keys every admission script takes, in their KEYS order: entries, costs, token totals."""
+    return [backlog_key(model), backlog_cost_key(model), backlog_tokens_key(model)]
+
+
 def online_in_flight(client, models: list[str]) -> int:
     """Online requests admitted and not yet answered, over `models` (sync: for worker children)."""
     now = time.time()
@@ -368,7 +373,7 @@ class Admission:
         share_of = max_tokens if not rate else min(max_tokens, rate * self.default_deadline_s)
         client_limit = max(1, int(self.client_share * share_of))
         client_requests = max(1, int(self.client_share * spec.max_backlog))
-        keys = [backlog_key(spec.name), backlog_cost_key(spec.name), backlog_tokens_key(spec.name)]
+        keys = backlog_keys(spec.name)
         code, ahead, all_tokens, mine, fair = await self._admit_script(
             keys=keys if message is None else [*keys, queue],
             args=[
@@ -411,16 +416,13 @@ class Admission:
 
     async def release(self, model: str, request_id: str) -> None:
         """Forget an admitted request whose caller gives up on it (the worker releases the answered ones)."""
-        await self._release_script(
-            keys=[backlog_key(model), backlog_cost_key(model), backlog_tokens_key(model)], args=[request_id]
-        )
+        await self._release_script(keys=backlog_keys(model), args=[request_id])
 
 
 def queue_purge(pipe: redis.client.Pipeline, model: str, now: float) -> None:
     """Forget the model's entries whose deadline has passed (their tokens too), then count what is left:
     the pipeline's result for this call is the number of requests still admitted."""
-    keys = (backlog_key(model), backlog_cost_key(model), backlog_tokens_key(model))
-    pipe.eval(_PURGE_LUA + "return redis.call('ZCARD', KEYS[1])", 3, *keys, now)
+    pipe.eval(_PURGE_LUA + "return redis.call('ZCARD', KEYS[1])", 3, *backlog_keys(model), now)
 
 
 def queue_release(pipe: redis.client.Pipeline, model: str, request_ids: list[str]) -> None:
@@ -430,4 +432,4 @@ def queue_release(pipe: redis.client.Pipeline, model: str, request_ids: list[str
     if request_ids:
         # EVAL, not EVALSHA: a pipeline cannot recover from NOSCRIPT, and Redis caches the compiled
         # script by its hash anyway.
-        pipe.eval(_RELEASE_LUA, 3, backlog_key(model), backlog_cost_key(model), backlog_tokens_key(model), *request_ids)
+        pipe.eval(_RELEASE_LUA, 3, *backlog_keys(model), *request_ids)

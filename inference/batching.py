@@ -172,7 +172,7 @@ class AdaptiveBatches(Batches):
         its event-loop turn were most of the worker's main-process CPU per request. Only for no-ack
         queues, where nothing per message has to be recorded in Redis on receipt.
         """
-        credit = min(self.burst_max, self._max_held - len(self._received_at))
+        credit = min(self.burst_max, self._credit())
         if credit <= 0 or not self._burst_supported:
             return
         channel = consumer.task_consumer.channel
@@ -202,8 +202,12 @@ class AdaptiveBatches(Batches):
         """
         qos = consumer.task_consumer.channel.qos
         prefetch_allows = qos.can_consume  # still counts the acknowledged queues' messages, if any
-        self._gate = lambda: len(self._received_at) < self._max_held and prefetch_allows()
+        self._gate = lambda: self._credit() > 0 and prefetch_allows()
         qos.can_consume = self._gate
+
+    def _credit(self) -> int:
+        """How many more requests this worker may take from a no-ack queue: its prefetch, less what it holds."""
+        return self._max_held - len(self._received_at)
 
     def _acks(self, request: Any) -> bool:
         """Whether the message was consumed with an acknowledgement to send (see `_unacked_queues`)."""

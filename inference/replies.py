@@ -29,15 +29,6 @@ def queue_replies(pipe: redis.client.Pipeline, replies: dict[str, dict[str, Any]
         pipe.expire(key, REPLY_TTL_S)
 
 
-def push_replies(client: redis.Redis, replies: dict[str, dict[str, Any]]) -> None:
-    """Deliver answers for many requests in one round trip."""
-    if not replies:
-        return
-    pipe = client.pipeline(transaction=False)
-    queue_replies(pipe, replies)
-    pipe.execute()
-
-
 async def wait_reply(client: aredis.Redis, task_id: str, timeout_s: float) -> dict[str, Any] | None:
     """The answer, or None when none came within timeout_s."""
     if timeout_s <= 0:

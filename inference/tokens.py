@@ -64,7 +64,7 @@ def token_counts(spec: ModelSpec, texts: list[str], stop_above: int | None = Non
         part = texts[first : first + step]
         heads = [text[:prefix_chars] for text in part]
         try:
-            got = [len(e.ids) for e in _encode_batch(tokenizer, heads)]
+            got = [len(e.ids) for e in encode_batch(tokenizer, heads)]
         except Exception:
             got = [_count_one(tokenizer, spec, first + i, text) for i, text in enumerate(heads)]
         for i, text in enumerate(part):
@@ -76,7 +76,7 @@ def token_counts(spec: ModelSpec, texts: list[str], stop_above: int | None = Non
     return counts
 
 
-def _encode_batch(tokenizer: Tokenizer, texts: list[str]) -> list:
+def encode_batch(tokenizer: Tokenizer, texts: list[str]) -> list:
     """Encodings of `texts`, without character offsets where the library can skip them (~20% cheaper)."""
     fast = getattr(tokenizer, "encode_batch_fast", None)  # tokenizers >= 0.20
     return (fast or tokenizer.encode_batch)(texts, add_special_tokens=True)

@@ -203,6 +203,16 @@ class Stack:
         assert "sessionid" in session.cookies, "login failed"
         return session
 
+    def hang_up(self, model: str, text: str, *, deadline_ms: int, after_s: float) -> None:
+        """A predict call whose caller gives up after `after_s` seconds, before any answer (the worker is paused)."""
+        with pytest.raises(requests.Timeout):
+            requests.post(
+                f"{self.url}/api/v1/models/{model}/predict",
+                json={"inputs": [text]},
+                headers=self.headers(**{"X-Deadline-Ms": str(deadline_ms)}),
+                timeout=after_s,
+            )
+
     def pause_worker(self) -> None:
         """SIGSTOP the worker and its children: messages wait in Redis as if the worker were busy."""
         os.killpg(self.worker.pid, signal.SIGSTOP)

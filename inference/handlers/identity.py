@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from inference.registry import ModelSpec
-from inference.tokens import tokenizer_for
+from inference.tokens import encode_batch, tokenizer_for
 
 
 class _Row(list):
@@ -35,7 +35,7 @@ class IdentityHandler:
 
     def tokenize(self, texts: list[str]) -> list[list[int]]:
         rows = []
-        for text, encoding in zip(texts, self.tokenizer.encode_batch(texts, add_special_tokens=True), strict=True):
+        for text, encoding in zip(texts, encode_batch(self.tokenizer, texts), strict=True):
             row = _Row(encoding.ids)
             row.chars = len(text)
             rows.append(row)

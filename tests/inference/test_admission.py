@@ -12,7 +12,7 @@ import uuid
 import pytest
 import redis.asyncio as aredis
 
-from inference.admission import Admission, backlog_cost_key, backlog_key, backlog_tokens_key, retry_after_s
+from inference.admission import Admission, backlog_key, backlog_keys, retry_after_s
 from inference.registry import ModelSpec
 from inference.workers import DISPATCHERS_KEY, WORKERS_KEY, drain_rate_per_s, rate_key
 
@@ -232,7 +232,7 @@ def test_headroom_keeps_part_of_the_deadline_for_the_request_itself(redis_url, m
             client, heartbeat_s=2.0, rate_window_s=10, cache_s=0, headroom=headroom, dispatcher_heartbeat_s=1.0
         )
         spec = ModelSpec(name=model_name, task="embedding", path="x", max_backlog=100)
-        await client.delete(*(k(model_name) for k in (backlog_key, backlog_cost_key, backlog_tokens_key)))
+        await client.delete(*backlog_keys(model_name))
         for i in range(5):  # 5 ahead plus itself at 10/s: a 0.6 s wait
             await admission.admit(spec, f"ahead{i}", time.time() + 60, client=f"c{i}")
         decision = await admission.admit(spec, "me", time.time() + 0.8, client="me")

@@ -17,7 +17,7 @@ import pytest
 import redis
 import requests
 
-from inference.admission import backlog_cost_key, backlog_key, backlog_tokens_key, queue_purge
+from inference.admission import backlog_cost_key, backlog_key, backlog_keys, backlog_tokens_key, queue_purge
 from inference.publish import task_message
 from inference.registry import ModelSpec
 from inference.replies import reply_key
@@ -155,13 +155,7 @@ def test_a_worker_that_shuts_down_hands_back_the_requests_it_held(stack, redis_u
 def test_a_caller_that_hung_up_stops_counting_once_its_work_is_done_not_at_its_deadline(stack):
     stack.pause_worker()  # the request waits in the queue, as behind a busy worker
     try:
-        with pytest.raises(requests.Timeout):
-            requests.post(
-                f"{stack.url}/api/v1/models/identity/predict",
-                json={"inputs": ["a caller that gives up"]},
-                headers=stack.headers(**{"X-Deadline-Ms": "9000"}),
-                timeout=0.5,
-            )
+        stack.hang_up("identity", "a caller that gives up", deadline_ms=9000, after_s=0.5)
         assert int(stack.redis.hget(backlog_tokens_key("identity"), "all") or 0) > 0  # still counted
     finally:
         stack.resume_worker()
@@ -172,7 +166,7 @@ def test_a_caller_that_hung_up_stops_counting_once_its_work_is_done_not_at_its_d
 
 def test_expired_entries_leave_the_backlog_with_their_tokens(redis_client):
     model = f"purge-{time.time_ns()}"
-    keys = [backlog_key(model), backlog_cost_key(model), backlog_tokens_key(model)]
+    keys = backlog_keys(model)
     now = time.time()
     # Two admitted requests whose callers vanished (one past its deadline) and one still live.
     redis_client.zadd(keys[0], {"gone": now - 1, "live": now + 60})
@@ -191,7 +185,7 @@ def test_the_sampler_purges_through_admission_so_tokens_do_not_leak(redis_client
     from platform_.sampler import queue_depths
 
     model = "identity"
-    keys = [backlog_key(model), backlog_cost_key(model), backlog_tokens_key(model)]
+    keys = backlog_keys(model)
     redis_client.zadd(keys[0], {"sampler-gone": time.time() - 1})
     redis_client.hset(keys[1], "sampler-gone", "55:z")
     redis_client.hincrby(keys[2], "all", 55)

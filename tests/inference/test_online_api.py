@@ -284,13 +284,7 @@ def test_a_caller_that_hangs_up_stays_counted_until_its_deadline(stack):
     live = lambda: stack.redis.zcount("inference:backlog:router", time.time(), "+inf")  # noqa: E731
     stack.pause_worker()
     try:
-        with pytest.raises(requests.Timeout):
-            requests.post(
-                f"{stack.url}/api/v1/models/router/predict",
-                json={"inputs": ["nobody will wait for this"]},
-                headers=stack.headers(**{"X-Deadline-Ms": "2500"}),
-                timeout=1.0,
-            )
+        stack.hang_up("router", "nobody will wait for this", deadline_ms=2500, after_s=1.0)
         assert live() == 1, "hung up, but its work is still queued: still counted"
         wait_until(lambda: live() == 0, 5, "its deadline to pass")
     finally:
