@@ -20,7 +20,6 @@ from inference.publish import task_message
 from inference.registry import ModelSpec
 from inference.replies import gather_reply
 from inference.tokens import token_counts
-from platform_.celery import ONLINE_QUEUE
 from platform_.redis import get_async_redis
 
 _admissions: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # one per event loop
@@ -150,8 +149,8 @@ async def predict(
             cost=price(tokens),
             client=client,
             client_key=client_key,
-            message=task_message(task_id, ONLINE_QUEUE, kwargs),
-            queue=ONLINE_QUEUE,
+            message=task_message(task_id, spec.online_queue, kwargs),
+            queue=spec.online_queue,
         )
     except redis.RedisError:
         await _release_quietly(admission, spec.name, task_id)  # admitted or not, it is not counted now

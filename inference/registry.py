@@ -14,8 +14,11 @@ from pathlib import Path
 import yaml
 from django.conf import settings
 
+from platform_.celery import ONLINE_QUEUE_PREFIX
+
 # identity: no weights, the platform's overhead probe (inference/handlers/identity.py).
 TASKS = ("router", "embedding", "text-classification", "identity")
+DTYPES = ("float32", "float16", "bfloat16")
 
 
 class RegistryError(ValueError):
@@ -39,6 +42,15 @@ class ModelSpec:
     routes: str | None = None
     # Offline rows scoring below this are flagged for review (None: JOBS_LOW_CONFIDENCE).
     low_confidence_below: float | None = None
+    # The online queue this model's requests go to (None: `online.<name>`). Models given the same
+    # queue form a group: one worker consumes the group's queue and loads all of its models.
+    queue: str | None = None
+    # Weights' precision on the device: float32, float16 or bfloat16 (None: float32).
+    dtype: str | None = None
+
+    @property
+    def online_queue(self) -> str:
+        return self.queue or f"{ONLINE_QUEUE_PREFIX}{self.name}"
 
     def resolved_path(self) -> Path:
         return resolve_path(self.path)
@@ -88,6 +100,11 @@ def parse_registry(raw: dict, *, device: str, torch_threads: int, max_backlog: i
         unknown = set(entry) - known
         if unknown:
             raise RegistryError(f"model {name!r}: unknown keys {sorted(unknown)}")
+        if entry.get("dtype") not in (None, *DTYPES):
+            raise RegistryError(f"model {name!r}: dtype must be one of {', '.join(DTYPES)}")
+        queue = entry.get("queue")
+        if queue is not None and (not isinstance(queue, str) or not queue.startswith(ONLINE_QUEUE_PREFIX)):
+            raise RegistryError(f"model {name!r}: queue must be a name starting with {ONLINE_QUEUE_PREFIX!r}")
         values = {"device": device, "torch_threads": torch_threads, "max_backlog": max_backlog, **entry}
         models[name] = ModelSpec(name=name, **values)
     default = raw.get("default") or next(iter(models))

@@ -12,6 +12,7 @@ from inference import worker_process
 from inference.admission import queue_release
 from inference.batching import AdaptiveBatches, group_by
 from inference.dispatch import Limits, Work
+from inference.queues import apply_to_worker
 from inference.registry import get_registry
 from inference.replies import queue_replies
 from inference.serving import part_of, serve_online
@@ -84,6 +85,13 @@ def _hand_back_waiting(**_: Any) -> None:
     handed = sum(task.hand_back(get_redis()) for task in _dispatchers())
     if handed:
         logger.warning("handed %d waiting online requests back to the queue", handed)
+
+
+@signals.celeryd_after_setup.connect  # after -Q is applied, before the consumer starts and the pool forks
+def _per_model_queues(instance: Any, **_: Any) -> None:
+    """`-Q online` becomes the online queues of this worker's models (inference/queues.py)."""
+    names = apply_to_worker(instance.app, get_registry(), settings.WORKER_MODELS)
+    logger.info("consuming %s", ", ".join(names))
 
 
 @signals.worker_process_init.connect

@@ -13,9 +13,10 @@ from contextlib import contextmanager
 from django.conf import settings
 
 from inference import runtime
+from inference.queues import served_models
 from inference.registry import get_registry
 from inference.workers import Heartbeat, WorkerState
-from platform_.celery import worker_role
+from platform_.celery import app, worker_role
 from platform_.redis import get_redis
 
 logger = logging.getLogger(__name__)
@@ -27,10 +28,15 @@ def start() -> None:
     """Load this child's models (with warm-up), then announce it."""
     global state, _heartbeat
     registry = get_registry()
-    names = settings.WORKER_MODELS or registry.names()
-    unknown = sorted(set(names) - set(registry.names()))
+    unknown = sorted(set(settings.WORKER_MODELS) - set(registry.names()))
     if unknown:
         raise RuntimeError(f"WORKER_MODELS names unknown models: {unknown}")
+    consumed = app.amqp.queues.consume_from or app.amqp.queues  # rewritten by inference/queues.py
+    names = served_models(consumed, registry, settings.WORKER_MODELS)
+    if not names:
+        raise RuntimeError(
+            f"this worker consumes {sorted(consumed)}: no queue there carries a model of the models file"
+        )
     runtime.load([registry.models[name] for name in names])
     # Which queue this worker consumes (online or offline), shown on /models and the dashboard.
     state = WorkerState(queue=worker_role(), models=runtime.loaded())

@@ -1,4 +1,4 @@
-"""The Celery app: two queues (online, offline), JSON only, per-queue limits."""
+"""The Celery app: online queues (one per model or model group) and the offline queue; JSON only."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 app = Celery("platform_")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
+# `online` is not a list anything is published to: on a worker's -Q it stands for the online queues
+# of the worker's models, `online.<model>` (inference/queues.py rewrites it before consuming starts).
 ONLINE_QUEUE = "online"
+ONLINE_QUEUE_PREFIX = f"{ONLINE_QUEUE}."
 OFFLINE_QUEUE = "offline"
 
 app.conf.update(
@@ -28,12 +31,11 @@ app.conf.update(
     # caller is answered (504) when it is lost, so at-most-once delivery is right there, and it saves
     # the worker two Redis transactions per message (kombu's unacked bookkeeping and the ack; ~60% of
     # the online worker's main-process CPU, docs/benchmarks.md). Offline chunks keep acks_late.
+    # Online messages are never published through Celery: the web tier's admission script pushes them
+    # onto their model's queue (inference/publish.py), so no route names them here.
     task_queues=(Queue(ONLINE_QUEUE, no_ack=True), Queue(OFFLINE_QUEUE)),
     task_default_queue=OFFLINE_QUEUE,
-    task_routes={
-        "inference.predict_online": {"queue": ONLINE_QUEUE},
-        "jobs.*": {"queue": OFFLINE_QUEUE},
-    },
+    task_routes={"jobs.*": {"queue": OFFLINE_QUEUE}},
     # Online work is never retried by redelivery: its caller has a deadline and gets 504 instead.
     task_acks_late=False,
     worker_send_task_events=True,
@@ -43,13 +45,18 @@ app.conf.update(
 app.autodiscover_tasks(["inference", "jobs"])
 
 
+def is_online_queue(name: str) -> bool:
+    return name == ONLINE_QUEUE or name.startswith(ONLINE_QUEUE_PREFIX)
+
+
 def worker_role() -> str:
     """`online` or `offline`: what this worker process consumes (its `-Q`), so a worker's identity (its
     heartbeats, admission's view of who serves a model, the offline worker's reconciler and priority)
     cannot disagree with its queues. Outside a worker, or one consuming every queue, WORKER_QUEUE says."""
     consumed = set(app.amqp.queues.consume_from or ())
-    if consumed and ONLINE_QUEUE not in consumed and OFFLINE_QUEUE in consumed:
+    online = any(is_online_queue(q) for q in consumed)
+    if consumed and not online and OFFLINE_QUEUE in consumed:
         return "offline"
-    if consumed and ONLINE_QUEUE in consumed and OFFLINE_QUEUE not in consumed:
+    if online and OFFLINE_QUEUE not in consumed:
         return "online"
     return os.environ.get("WORKER_QUEUE", "online")

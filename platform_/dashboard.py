@@ -15,6 +15,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 from inference.models import SlowRequest
+from inference.queues import online_queues
 from inference.registry import get_registry
 from inference.workers import WORKERS_KEY, alive_workers
 from jobs.models import Job, JobStatus
@@ -84,6 +85,17 @@ def dashboard_data(client=None) -> dict[str, Any]:
             q: {"waiting": gauges.get(f"gauge|{q}|waiting", 0.0), "in_flight": gauges.get(f"gauge|{q}|in_flight", 0.0)}
             for q in ("online", "offline")
         },
+        "online_queues": [
+            {
+                "name": name,
+                "models": models,
+                "waiting": gauges.get(f"gauge|{name}|waiting", 0.0),
+                "in_flight": gauges.get(f"gauge|{name}|in_flight", 0.0),
+                "children": gauges.get(f"gauge|workers|{name}", 0.0),
+                "predicted_wait_s": gauges.get(f"gauge|{name}|predicted_wait_s"),
+            }
+            for name, models in online_queues(get_registry()).items()
+        ],
         "sampled_s_ago": round(now - gauges["sampled_at"], 1) if "sampled_at" in gauges else None,
         "online": {
             "qps": round(snapshot.ok_per_s, 2),

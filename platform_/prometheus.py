@@ -101,6 +101,11 @@ def render(totals: dict[str, float], gauges: dict[str, float]) -> str:
     family("platform_queue_depth", "gauge", "Work waiting and in flight per queue (online: requests; offline: chunks).")
     family("platform_worker_processes", "gauge", "Worker child processes alive per queue.")
     family("platform_worker_memory_bytes", "gauge", "Resident memory of a queue's worker children.")
+    family(
+        "platform_queue_predicted_wait_seconds",
+        "gauge",
+        "Time an online queue's children need to clear its admitted work at their measured rate: scale on this.",
+    )
     for name, value in sorted(gauges.items()):
         parts = name.split("|")
         if len(parts) != 3:
@@ -110,6 +115,8 @@ def render(totals: dict[str, float], gauges: dict[str, float]) -> str:
             out.append(f"platform_worker_processes{_labels(queue=queue)} {value:g}")
         elif what == "rss_mb":
             out.append(f"platform_worker_memory_bytes{_labels(queue=queue)} {value * 2**20:.0f}")
+        elif queue == "predicted_wait_s":
+            out.append(f"platform_queue_predicted_wait_seconds{_labels(queue=what)} {value:g}")
         elif queue in ("waiting", "in_flight"):
             out.append(f"platform_queue_depth{_labels(queue=what, state=queue)} {value:g}")
     return "\n".join(out) + "\n"

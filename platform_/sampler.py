@@ -11,39 +11,73 @@ import time
 
 from django.conf import settings
 
-from inference.admission import queue_purge
+from inference.admission import backlog_tokens_key, last_rate_key, queue_purge
+from inference.queues import online_queues, predicted_wait_s
 from inference.registry import get_registry
 from inference.workers import WORKERS_KEY, alive_workers
 from platform_.metrics import GAUGES_KEY, HISTORY_S, second_key
 from platform_.redis import get_redis
 
+# A queue with work and no child to do it predicts an infinite wait; a gauge holds a number.
+PREDICTED_WAIT_CAP_S = 3600.0
+
 
 def queue_depths(client) -> dict[str, float]:
-    """Online: waiting in the broker vs admitted in total; offline: chunks queued vs running (the database is the truth)."""
+    """Online: waiting in the broker vs admitted in total, per model queue and summed; offline: chunks
+    queued vs running (the database is the truth)."""
     from jobs.models import Chunk, ChunkStatus
 
     now = time.time()
+    queues = online_queues(get_registry())
+    models = [model for group in queues.values() for model in group]
     pipe = client.pipeline(transaction=False)
-    pipe.llen("online")
-    for name in get_registry().names():
+    for name in queues:
+        pipe.llen(name)
+    for model in models:
         # Expired entries go with their tokens: removed from the sorted set alone, their tokens would
         # stay counted in the backlog for good and admission would refuse more and more.
-        queue_purge(pipe, name, now)
-    online_waiting, *rest = pipe.execute()
-    admitted = sum(rest)
+        queue_purge(pipe, model, now)
+    for model in models:
+        pipe.hget(backlog_tokens_key(model), "all")
+        pipe.get(last_rate_key(model))
+    replies = iter(pipe.execute())
+    waiting = {name: next(replies) for name in queues}
+    admitted = {model: next(replies) for model in models}
+    tokens, rates = {}, {}
+    for model in models:
+        tokens[model], rate = float(next(replies) or 0), next(replies)
+        rates[model] = float(rate) if rate else None
+    children = serving_children(client, queues)
+    gauges: dict[str, float] = {}
+    for name, group in queues.items():
+        gauges[f"gauge|{name}|waiting"] = waiting[name]
+        gauges[f"gauge|{name}|in_flight"] = max(0, sum(admitted[m] for m in group) - waiting[name])
+        wait_s = predicted_wait_s({m: tokens[m] for m in group}, rates, children[name])
+        if wait_s is not None:
+            gauges[f"gauge|{name}|predicted_wait_s"] = min(wait_s, PREDICTED_WAIT_CAP_S)
     offline_waiting = Chunk.objects.filter(status=ChunkStatus.QUEUED).count()
     offline_running = Chunk.objects.filter(status=ChunkStatus.RUNNING).count()
     return {
-        "gauge|online|waiting": online_waiting,
-        "gauge|online|in_flight": max(0, admitted - online_waiting),
+        "gauge|online|waiting": sum(waiting.values()),
+        "gauge|online|in_flight": sum(gauges[f"gauge|{name}|in_flight"] for name in queues),
+        **gauges,
         "gauge|offline|waiting": offline_waiting,
         "gauge|offline|in_flight": offline_running,
     }
 
 
+def serving_children(client, queues: dict[str, list[str]]) -> dict[str, int]:
+    """Online children alive per online queue (a child serves a queue when it loaded the queue's models)."""
+    workers = alive_workers(client.hgetall(WORKERS_KEY), settings.WORKER_HEARTBEAT_S)
+    online = [set(w["models"]) for w in workers if w["queue"] == "online"]
+    return {name: sum(1 for loaded in online if set(group) <= loaded) for name, group in queues.items()}
+
+
 def worker_gauges(client) -> dict[str, float]:
     workers = alive_workers(client.hgetall(WORKERS_KEY), settings.WORKER_HEARTBEAT_S)
     gauges: dict[str, float] = {}
+    for name, count in serving_children(client, online_queues(get_registry())).items():
+        gauges[f"gauge|workers|{name}"] = count
     for queue in ("online", "offline"):
         children = [w for w in workers if w["queue"] == queue]
         gauges[f"gauge|workers|{queue}"] = len(children)

@@ -249,6 +249,7 @@ def model_list(request: Request) -> Response:
                 "max_seq_length": spec.max_seq_length,
                 "device": spec.device,
                 "max_backlog": spec.max_backlog,
+                "queue": spec.online_queue,
                 "served": bool(children),
                 "online_workers": len(children),
             }

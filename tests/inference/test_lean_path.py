@@ -55,7 +55,7 @@ def _online_unacked(client: redis.Redis) -> list[str]:
     found = []
     for raw in client.hvals("unacked"):
         message, _exchange, routing_key = json.loads(raw)
-        if routing_key == "online":
+        if routing_key.startswith("online."):
             found.append(message["headers"]["id"])
     return found
 
@@ -89,8 +89,8 @@ def test_a_busy_worker_leaves_what_it_cannot_hold_in_the_queue_for_other_workers
                 for i in range(sent)
             ]
             # One dispatch (at most a batch of 32) went to a stopped child; the gate holds 64 more.
-            left = wait_for(lambda: stack.redis.llen("online") >= sent - held_at_most - 32, timeout_s=5.0)
-            queued = stack.redis.llen("online")
+            left = wait_for(lambda: stack.redis.llen("online.identity") >= sent - held_at_most - 32, timeout_s=5.0)
+            queued = stack.redis.llen("online.identity")
             for pid in children:
                 os.kill(pid, signal.SIGCONT)
             statuses = [call.result().status_code for call in calls]
@@ -127,7 +127,7 @@ def test_a_worker_that_shuts_down_hands_back_the_requests_it_held(stack, redis_u
 
         def push(task_id: str) -> None:
             kwargs = {"model": "identity", "inputs": ["hi"], "tokens": [3], "client": "c", "deadline": time.time() + 60}
-            client.lpush("online", task_message(task_id, "online", {**kwargs, "enqueued_at": time.time()}))
+            client.lpush("online.identity", task_message(task_id, "online.identity", {**kwargs, "enqueued_at": time.time()}))
 
         def rpops() -> int:
             return int(client.info("commandstats").get("cmdstat_rpop", {}).get("calls", 0))
@@ -136,17 +136,17 @@ def test_a_worker_that_shuts_down_hands_back_the_requests_it_held(stack, redis_u
         push(ids[0])
         # Taken by a BRPOP, then the burst's RPOP found nothing more; the dispatch to the stopped child
         # follows in the same step of the worker's loop, before it reads Redis again.
-        assert wait_for(lambda: client.llen("online") == 0 and rpops() > before)
+        assert wait_for(lambda: client.llen("online.identity") == 0 and rpops() > before)
         for task_id in ids[1:]:
             push(task_id)
-        assert wait_for(lambda: client.llen("online") == 0)  # all taken (fewer than its prefetch of 64)
+        assert wait_for(lambda: client.llen("online.identity") == 0)  # all taken (fewer than its prefetch of 64)
         worker.send_signal(signal.SIGTERM)  # warm shutdown
         os.kill(child, signal.SIGCONT)
         worker.wait(timeout=60)
     finally:
         _stop(worker)
     answered = {task_id for task_id in ids if client.exists(reply_key(task_id))}
-    queued = {json.loads(raw)["headers"]["id"] for raw in client.lrange("online", 0, -1)}
+    queued = {json.loads(raw)["headers"]["id"] for raw in client.lrange("online.identity", 0, -1)}
     assert answered == {ids[0]}  # the one the child had was finished
     assert queued == set(ids[1:])  # the ones the dispatcher held are back in the queue, none lost
     client.flushdb()

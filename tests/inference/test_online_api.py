@@ -127,7 +127,7 @@ def test_backlog_full_answers_503_with_retry_after_and_the_limit(stack):
 def test_deadline_that_cannot_be_met_answers_503_before_queueing(stack):
     for _ in range(3):  # give admission a measured drain rate
         assert stack.predict("router", ["warm the rate estimate"]).status_code == 200
-    before = stack.redis.llen("online")
+    before = stack.redis.llen("online.router")
     stack.pause_worker()
     try:
         with ThreadPoolExecutor(8) as pool:
@@ -135,7 +135,7 @@ def test_deadline_that_cannot_be_met_answers_503_before_queueing(stack):
             wait_until(lambda: stack.redis.zcard("inference:backlog:router") >= 8, 10, "8 requests in the backlog")
             time.sleep(0.6)  # let the web process's cached capacity refresh
             refused = stack.predict("router", ["in a hurry"], **{"X-Deadline-Ms": "20"})
-            queued_after_refusal = stack.redis.llen("online")
+            queued_after_refusal = stack.redis.llen("online.router")
             stack.resume_worker()
             accepted = [f.result() for f in waiting]
     finally:
