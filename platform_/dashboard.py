@@ -25,7 +25,7 @@ from platform_.redis import get_redis
 SERIES_S = 15 * 60
 SERIES_STEP_S = 5
 FLOWER_NOTE = (
-    "Flower shows both queues (Broker tab) and the workers, but not individual predictions or chunks: "
+    "Flower shows every queue (Broker tab: each model's online queue and offline) and the workers, but not individual predictions or chunks: "
     "celery-batches runs a whole batch as one pool job and sends no per-task events. Per-request "
     "figures are here and in the slow-request log."
 )
