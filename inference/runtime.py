@@ -2,6 +2,8 @@
 
 Loaded once per child in `worker_process_init` (inference/signals.py): never in the worker's
 parent, whose CUDA context and OpenMP pools would not survive fork, and never in the web process.
+Each child loads on its own device: a model's "cuda" becomes cuda:(pool index mod GPUs) in that child
+(inference/gpu.py), and the heartbeat reports the devices loaded.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from inference import gpu
 from inference.batching import plan_batches
 from inference.registry import ModelSpec
 
@@ -42,12 +45,23 @@ def load(specs: list[ModelSpec]) -> None:
     threads = max(spec.torch_threads for spec in specs)
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)
+    devices: list[str] = []
     for spec in specs:
         started = time.perf_counter()
         handler = build_handler(spec)
         handler.warm_up()
         _handlers[spec.name] = handler
-        logger.info("loaded %s (%s) in %.2f s", spec.name, spec.task, time.perf_counter() - started)
+        device = str(getattr(handler, "device", "cpu"))  # the identity handler has no weights: it runs on the CPU
+        logger.info(
+            "loaded %s (%s) on %s as %s in %.2f s",
+            spec.name,
+            spec.task,
+            device,
+            spec.dtype or "float32",
+            time.perf_counter() - started,
+        )
+        devices.append(device)
+    gpu.set_loaded(devices)
 
 
 def loaded() -> list[str]:
