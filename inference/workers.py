@@ -10,7 +10,6 @@ import json
 import os
 import random
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Any
 
 import redis
 
+from inference import gpu
 from platform_ import metrics
 from platform_.redis import Increments
 
@@ -49,6 +49,8 @@ class WorkerState:
     state: str = "idle"
     batches: int = 0
     started_at: float = field(default_factory=time.time)
+    # Where this child's models run ("cpu", "cuda:1"): set by runtime.load before the state is built.
+    device: str = field(default_factory=gpu.loaded_device)
 
     def as_json(self) -> str:
         return json.dumps({**self.__dict__, "pid": os.getpid(), "ts": time.time(), **_resources()})
@@ -57,27 +59,19 @@ class WorkerState:
 _process: Any = None
 
 
-def _resources() -> dict[str, float | None]:
-    """This process's CPU (percent of one core since the last beat), memory and, with CUDA, GPU use."""
+def _resources() -> dict[str, Any]:
+    """This process's CPU (percent of one core since the last beat) and memory, and its GPU's use and
+    memory from NVML, with `gpu` saying which GPU or why there are no GPU figures (inference/gpu.py)."""
     global _process
     import psutil
 
     if _process is None or _process.pid != os.getpid():
         _process = psutil.Process()
-    usage: dict[str, float | None] = {
+    return {
         "cpu_pct": _process.cpu_percent(None),
         "rss_mb": _process.memory_info().rss / 2**20,
-        "gpu_util_pct": None,
-        "gpu_mem_mb": None,
+        **gpu.heartbeat_fields(),
     }
-    torch = sys.modules.get("torch")  # only children that loaded a model have it; never import it here
-    if torch is not None and torch.cuda.is_available():
-        usage["gpu_mem_mb"] = torch.cuda.memory_allocated() / 2**20
-        try:
-            usage["gpu_util_pct"] = float(torch.cuda.utilization())  # needs NVML (the nvidia-ml-py package)
-        except Exception:
-            pass
-    return usage
 
 
 class Heartbeat:

@@ -41,6 +41,8 @@ class Snapshot:
     busy_fraction: float | None = None  # share of child-time spent running batches
     worker_cpu_pct: float = 0.0  # per online child, on average
     gpu_util_pct: float | None = None
+    # Why there is no GPU figure, from the online children's heartbeats ("cpu device", "none (no NVIDIA driver ...)").
+    gpu_status: str | None = None
     rss_mb_start: float | None = None  # online children's total memory, a long window apart
     rss_mb_end: float | None = None
     p50_start_s: float | None = None
@@ -53,6 +55,15 @@ class Finding:
     symptom: str
     evidence: str
     action: str
+
+
+@dataclass(frozen=True)
+class Unevaluated:
+    """A rule whose figures are missing: said aloud, so that it is not mistaken for a rule that held no jam."""
+
+    rule: str
+    symptom: str
+    why: str
 
 
 def _slope_per_s(samples: list[float]) -> float:
@@ -179,6 +190,14 @@ def diagnose(s: Snapshot) -> list[Finding]:
     return found
 
 
+def not_evaluated(s: Snapshot) -> list[Unevaluated]:
+    """Rules that could not be evaluated on these figures (today: the GPU rule on a host without GPU figures)."""
+    if s.gpu_util_pct is not None:
+        return []
+    why = s.gpu_status or "no online child reports GPU figures"
+    return [Unevaluated("cpu_bound_gpu_idle", "CPU saturated while the accelerator idles", f"no GPU figures: {why}")]
+
+
 def summary(s: Snapshot) -> str:
     return (
         f"last {s.window_s} s: {s.requests_per_s:.1f} requests/s ({s.ok_per_s:.1f} ok), P50 {_ms(s.p50_s)}, "
@@ -191,12 +210,22 @@ def summary(s: Snapshot) -> str:
 def report(s: Snapshot) -> str:
     """The verdict as text: each finding with evidence and action, or 'no jam' with the figures."""
     findings = diagnose(s)
-    if not findings:
-        return f"no jam: {summary(s)}"
-    lines = [f"{len(findings)} finding(s); {summary(s)}"]
+    lines = [f"{len(findings)} finding(s); {summary(s)}" if findings else f"no jam: {summary(s)}"]
     for f in findings:
         lines += [f"- {f.symptom} [{f.rule}]", f"    evidence: {f.evidence}", f"    action:   {f.action}"]
+    lines += [f"not evaluated: {u.symptom} [{u.rule}]: {u.why}" for u in not_evaluated(s)]
     return "\n".join(lines)
+
+
+def gpu_status(workers: list[dict]) -> str:
+    """Why the online children give no GPU figures, each reason with how many children gave it."""
+    if not workers:
+        return "no online child alive"
+    reasons: dict[str, int] = {}
+    for w in workers:
+        reason = w.get("gpu") or "no `gpu` field (a worker from before GPU reporting)"
+        reasons[reason] = reasons.get(reason, 0) + 1
+    return "; ".join(f"{n} online child(ren): {reason}" for reason, n in sorted(reasons.items()))
 
 
 def snapshot(client, window_s: int = 60, trend_s: int = 900) -> Snapshot:
@@ -237,6 +266,8 @@ def snapshot(client, window_s: int = 60, trend_s: int = 900) -> Snapshot:
     s.worker_cpu_pct = sum(x.get("cpu_pct", 0.0) for x in workers) / len(workers) if workers else 0.0
     gpu = [x["gpu_util_pct"] for x in workers if x.get("gpu_util_pct") is not None]
     s.gpu_util_pct = sum(gpu) / len(gpu) if gpu else None
+    if not gpu:
+        s.gpu_status = gpu_status(workers)
     busy_s = 0.0
     pipe = client.pipeline(transaction=False)
     for model in {m for x in workers for m in x["models"]}:
