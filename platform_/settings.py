@@ -328,3 +328,24 @@ METRICS_TOKEN = env.str("METRICS_TOKEN", default="") or _local_secret("metrics_t
 METRICS_PUBLIC = env.bool("METRICS_PUBLIC", default=False)
 # FLOWER_URL: where the dashboard links to Flower.
 FLOWER_URL = env.str("FLOWER_URL", default="http://127.0.0.1:5555/")
+
+# ---------------------------------------------------------------------------------------------
+# Autoscaler (inference/autoscale.py)
+# ---------------------------------------------------------------------------------------------
+# A worker started with --autoscale=MAX,MIN sizes its pool with this class: an online worker on the
+# predicted wait of its queues (backlog tokens over the measured drain rate), not on Celery's count of
+# reserved tasks (always 0 for celery-batches tasks); an offline worker keeps Celery's own rule.
+CELERY_WORKER_AUTOSCALER = "inference.autoscale:PredictedWaitAutoscaler"
+# AUTOSCALE_GROW_WAIT_SHARE: grow by one child when the predicted wait passes this share of
+# ONLINE_DEADLINE_MS (below ONLINE_ADMISSION_HEADROOM, so the pool grows before admission refuses).
+AUTOSCALE_GROW_WAIT_SHARE = env.float("AUTOSCALE_GROW_WAIT_SHARE", default=0.25)
+# AUTOSCALE_SHRINK_WAIT_SHARE: the wait counts as low when, with one child fewer, it would still be
+# under this share of ONLINE_DEADLINE_MS.
+AUTOSCALE_SHRINK_WAIT_SHARE = env.float("AUTOSCALE_SHRINK_WAIT_SHARE", default=0.1)
+# AUTOSCALE_KEEPALIVE_S: shrink by one child once the wait has stayed low this long (seconds).
+AUTOSCALE_KEEPALIVE_S = env.float("AUTOSCALE_KEEPALIVE_S", default=30.0)
+# AUTOSCALE_INTERVAL_S: how often a worker's main process reads the gauges and decides (seconds; the
+# sampler writes them once a second).
+AUTOSCALE_INTERVAL_S = env.float("AUTOSCALE_INTERVAL_S", default=1.0)
+# AUTOSCALE_STALE_S: gauges sampled longer ago than this (seconds) leave the pool as it is.
+AUTOSCALE_STALE_S = env.float("AUTOSCALE_STALE_S", default=5.0)
