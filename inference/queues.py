@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from kombu import Queue
+from kombu import Exchange, Queue
 
 from inference.registry import Registry
 from platform_.celery import OFFLINE_QUEUE, ONLINE_QUEUE, is_online_queue
@@ -69,9 +69,37 @@ def apply_to_worker(app, registry: Registry, worker_models: Iterable[str] = ()) 
     names = expand(selected, registry, worker_models)
     for name in names:
         if is_online_queue(name):
-            queues.add(Queue(name, no_ack=True))  # replaces the plain queue `-Q` created for the name
+            queues.add(online_queue(name))  # replaces the plain queue `-Q` created for the name
     queues.select(names)
+    with app.connection_for_write() as connection:
+        drop_offline_bindings(connection.default_channel)
     return names
+
+
+def online_queue(name: str) -> Queue:
+    """An online queue, bound to an exchange of its own.
+
+    A queue declared without an exchange gets Celery's default one, which is the offline queue's, with
+    its routing key: kombu's Redis transport then copies every message published to `offline` (each job
+    chunk and upload) into that online list too, and online workers took offline work. Online messages
+    are pushed onto their list directly (inference/publish.py), so the exchange only keeps them apart.
+    """
+    return Queue(name, Exchange(name, type="direct"), routing_key=name, no_ack=True)
+
+
+def drop_offline_bindings(channel) -> int:
+    """Remove online queues from the offline exchange's bindings, where workers of earlier releases
+    declared them (the bindings live in Redis, so fixing the declaration alone would not undo them)."""
+    client, removed = channel.client, 0
+    for key in (channel.keyprefix_queue % OFFLINE_QUEUE, channel.keyprefix_binding_permanent % OFFLINE_QUEUE):
+        stale = [m for m in client.smembers(key) if is_online_queue(_text(m).rsplit(channel.sep, 1)[-1])]
+        if stale:
+            removed += client.srem(key, *stale)
+    return removed
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def predicted_wait_s(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from kombu import Queue
+from kombu import Exchange, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -33,7 +33,12 @@ app.conf.update(
     # the online worker's main-process CPU, docs/benchmarks.md). Offline chunks keep acks_late.
     # Online messages are never published through Celery: the web tier's admission script pushes them
     # onto their model's queue (inference/publish.py), so no route names them here.
-    task_queues=(Queue(ONLINE_QUEUE, no_ack=True), Queue(OFFLINE_QUEUE)),
+    # Each queue has its own exchange: a queue given none shares the default (offline) one, and kombu's
+    # Redis transport would copy every offline message into it (inference/queues.py, online_queue).
+    task_queues=(
+        Queue(ONLINE_QUEUE, Exchange(ONLINE_QUEUE, type="direct"), routing_key=ONLINE_QUEUE, no_ack=True),
+        Queue(OFFLINE_QUEUE, Exchange(OFFLINE_QUEUE, type="direct"), routing_key=OFFLINE_QUEUE),
+    ),
     task_default_queue=OFFLINE_QUEUE,
     task_routes={"jobs.*": {"queue": OFFLINE_QUEUE}},
     # Online work is never retried by redelivery: its caller has a deadline and gets 504 instead.

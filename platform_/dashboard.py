@@ -117,8 +117,11 @@ def dashboard_data(client=None) -> dict[str, Any]:
                 "batches": w["batches"],
                 "cpu_pct": round(w.get("cpu_pct", 0.0), 1),
                 "rss_mb": round(w.get("rss_mb", 0.0)),
+                "device": w.get("device"),
+                "gpu": w.get("gpu"),
                 "gpu_util_pct": w.get("gpu_util_pct"),
                 "gpu_mem_mb": w.get("gpu_mem_mb"),
+                "gpu_mem_total_mb": w.get("gpu_mem_total_mb"),
                 "up_s": round(now - w["started_at"]),
             }
             for w in sorted(workers, key=lambda w: (w["queue"], w["worker_id"]))

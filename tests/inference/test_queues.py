@@ -74,6 +74,10 @@ def test_a_worker_given_one_queue_takes_only_that_models_requests(stack, redis_u
     own_db = redis_url.rsplit("/", 1)[0] + "/11"  # its own queues: the stack's worker must not take these
     client = redis.Redis.from_url(own_db, decode_responses=True)
     client.flushdb()
+    # What a worker of an earlier release left in Redis: its online queue bound to the offline exchange,
+    # so kombu copied every offline message (job uploads and chunks) into the online list.
+    stale = "\x06\x16".join(["offline", "", "online.identity"])
+    client.sadd("_kombu.binding.offline", stale, "\x06\x16".join(["offline", "", "offline"]))
     command = [str(Path(sys.executable).parent / "celery"), "-A", "platform_", "worker", "-Q", "online.identity"]
     command += ["-c", "1", "--without-gossip", "--without-mingle", "-n", f"queues-{os.getpid()}@%h"]
     env = {k: v for k, v in stack.env.items() if k not in ("WORKER_QUEUE", "WORKER_MODELS")}
@@ -95,6 +99,10 @@ def test_a_worker_given_one_queue_takes_only_that_models_requests(stack, redis_u
         answer = client.blpop([reply_key("for-identity")], timeout=30)
         router_waiting = client.llen("online.router")
         router_answered = client.exists(reply_key("for-router"))
+        offline_routes_to = {member.rsplit("\x06\x16", 1)[-1] for member in client.smembers("_kombu.binding.offline")}
+        identity_routes_to = {
+            member.rsplit("\x06\x16", 1)[-1] for member in client.smembers("_kombu.binding.online.identity")
+        }
     finally:
         _stop(worker)
         client.flushdb()
@@ -103,3 +111,5 @@ def test_a_worker_given_one_queue_takes_only_that_models_requests(stack, redis_u
     assert answer is not None, log.read_text()[-3000:]
     assert json.loads(answer[1])["ok"]
     assert (router_waiting, router_answered) == (1, 0)  # left for a worker that serves router
+    # Offline messages go to the offline list only; the online queue has an exchange of its own.
+    assert offline_routes_to == {"offline"} and identity_routes_to == {"online.identity"}
