@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -121,6 +122,23 @@ def test_a_child_without_models_is_not_ready(probe_settings, redis_client, host,
     beat_child(redis_client, host, 8, age_s=0.1, models=[])
     code, _ = probe(host, "ready", capsys)
     assert code == 1
+
+
+def test_both_at_once_pass_only_when_both_would(probe_settings, redis_client, host, capsys):
+    beat_dispatcher(redis_client, host, 7, age_s=0.1)
+    with pytest.raises(SystemExit) as exited:
+        call_command("worker_probe", "--live", "--ready", "--hostname", host)
+    assert exited.value.code == 1
+    assert capsys.readouterr().err.startswith(f"not ready: no worker child of host {host} ")
+
+    beat_child(redis_client, host, 8, age_s=0.1, models=["router"], parent=7)
+    with pytest.raises(SystemExit) as exited:
+        call_command("worker_probe", "--live", "--ready", "--hostname", host)
+    assert exited.value.code == 0
+    line = capsys.readouterr().out
+    assert re.fullmatch(
+        rf"live: dispatcher {host}:7 \(online\) beat [\d.]+ s ago; ready: 1 child\S* of {host} .*\n", line
+    )
 
 
 def test_as_kubernetes_runs_it_exit_status_and_one_line_and_redis_down(redis_url, redis_client, host):

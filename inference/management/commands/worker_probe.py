@@ -12,7 +12,8 @@ heartbeat fields are `<hostname>:<pid>` (inference/workers.py).
          beats only once its models are loaded, inference/worker_process.py). It gates rolling updates:
          an old worker is stopped only once a new one can serve.
 
-Exit status 0 or 1 with one line saying why. When Redis does not answer, --live passes and says so:
+Both flags at once (docker compose has one healthcheck) pass when both would. Exit status 0 or 1 with
+one line saying why. When Redis does not answer, --live passes and says so:
 restarting every worker cannot bring Redis back, only reload every model (Celery reconnects by itself),
 while --ready fails. Redis gets 2 s to answer, so the probe ends well inside its timeout.
 """
@@ -27,7 +28,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from inference.workers import DISPATCHERS_KEY, WORKERS_KEY
 
@@ -87,16 +88,16 @@ class Command(BaseCommand):
     requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
-        which = parser.add_mutually_exclusive_group(required=True)
-        which.add_argument("--live", action="store_true", help="this host's dispatcher beats")
-        which.add_argument("--ready", action="store_true", help="a child of this host serves its models")
+        parser.add_argument("--live", action="store_true", help="this host's dispatcher beats")
+        parser.add_argument("--ready", action="store_true", help="a child of this host serves its models")
         parser.add_argument(
             "--hostname", default=socket.gethostname(), help="the host to judge (default: this one, the pod name)"
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if not (options["live"] or options["ready"]):
+            raise CommandError("say --live, --ready or both")
         hostname: str = options["hostname"]
-        live = bool(options["live"])
         client = redis.Redis.from_url(
             settings.REDIS_URL,
             decode_responses=True,
@@ -104,19 +105,25 @@ class Command(BaseCommand):
             socket_timeout=REDIS_TIMEOUT_S,
         )
         try:
-            raw = client.hgetall(DISPATCHERS_KEY if live else WORKERS_KEY)
+            pipe = client.pipeline(transaction=False)
+            pipe.hgetall(DISPATCHERS_KEY)
+            pipe.hgetall(WORKERS_KEY)
+            dispatchers, children = pipe.execute()
         except redis.RedisError as exc:
             reason = f"Redis unreachable ({type(exc).__name__}: {exc})"
-            if live:
-                self._finish(True, f"live (not judged): {reason}; a broker outage is not this worker's fault")
-            self._finish(False, f"not ready: {reason}")
+            if options["ready"]:
+                self._finish(False, f"not ready: {reason}")
+            self._finish(True, f"live (not judged): {reason}; a broker outage is not this worker's fault")
         finally:
             client.close()
-        if live:
-            ok, line = check_live(raw, hostname, settings.DISPATCHER_HEARTBEAT_S, time.time())
-        else:
-            ok, line = check_ready(raw, hostname, settings.WORKER_HEARTBEAT_S, time.time())
-        self._finish(ok, line)
+        now = time.time()
+        results = []
+        if options["live"]:
+            results.append(check_live(dispatchers, hostname, settings.DISPATCHER_HEARTBEAT_S, now))
+        if options["ready"]:
+            results.append(check_ready(children, hostname, settings.WORKER_HEARTBEAT_S, now))
+        failed = [line for ok, line in results if not ok]
+        self._finish(not failed, "; ".join(failed or [line for _, line in results]))
 
     def _finish(self, ok: bool, line: str) -> None:
         (self.stdout if ok else self.stderr).write(line)
