@@ -71,8 +71,11 @@ def apply_to_worker(app, registry: Registry, worker_models: Iterable[str] = ()) 
         if is_online_queue(name):
             queues.add(online_queue(name))  # replaces the plain queue `-Q` created for the name
     queues.select(names)
-    with app.connection_for_write() as connection:
-        drop_offline_bindings(connection.default_channel)
+    try:
+        with app.connection_for_write() as connection:
+            drop_offline_bindings(connection.default_channel)
+    except Exception:  # the broker is away at start: the worker retries connecting, and the next start cleans
+        logger.warning("could not check the offline exchange's bindings", exc_info=True)
     return names
 
 

@@ -77,6 +77,12 @@ def test_counts_match_the_requests_sent_and_the_batches_run(stack):
     )
     assert float(ok_line.split()[-1]) == after["req|router|ok"]
     assert 'platform_queue_depth{queue="online",state="waiting"}' in text
+    # Each model's own queue, with the children serving it (the stack's online worker serves all four).
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    for model in ("router", "embedding", "sentiment", "identity"):
+        assert f'platform_queue_depth{{queue="online.{model}",state="waiting"}}' in samples
+        assert float(samples[f'platform_worker_processes{{queue="online.{model}"}}']) >= 1
+    assert 'platform_queue_predicted_wait_seconds{queue="online.router"}' in text  # router's rate is measured
     assert "inference_stage_latency_seconds_bucket" in text and "inference_batch_size_bucket" in text
 
 
