@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: run test venv lint smoke clean
+.PHONY: run test venv deploy-schemas lint smoke clean
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -15,12 +15,19 @@ $(BIN)/.installed: requirements.txt requirements-dev.txt
 
 venv: $(BIN)/.installed
 
+# The Kubernetes manifests' schema packages (tests/deploy/package-lock.json); without node, tests/deploy
+# skips its schema check and says why.
+tests/deploy/node_modules/.installed: tests/deploy/package-lock.json
+	if command -v npm >/dev/null 2>&1; then npm ci --prefix tests/deploy --no-audit --no-fund && touch $@; fi
+
+deploy-schemas: tests/deploy/node_modules/.installed
+
 ## Start Redis (if REDIS_URL does not answer), web, online and offline workers and Flower; Ctrl-C stops all.
 run: venv
 	$(BIN)/python scripts/run.py
 
 ## Run the whole test suite on real Redis, real worker processes and a real database.
-test: venv
+test: venv deploy-schemas
 	$(BIN)/python -m pytest
 
 lint: venv
