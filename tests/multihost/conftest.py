@@ -1,9 +1,12 @@
-"""A platform spread over three hosts (network namespaces): A runs Redis, PostgreSQL and web; B and C run workers.
+"""A platform spread over four hosts (network namespaces), driven from the root namespace as a client.
 
-Every address the processes use is a setting (REDIS_URL, DATABASE_URL, DJANGO_ALLOWED_HOSTS): host A's
-address on the bridge, never a loopback, so a component that assumed one host would fail here. The
-database is a private PostgreSQL cluster on host A (initdb into a temporary folder, password auth
-for the bridge's subnet), migrated from host B over the network.
+Host A runs Redis, PostgreSQL and web; host B an online worker for `identity`; host C an online worker
+for `router` and the offline worker; host D a second `router` worker and a second offline worker, both
+frozen (SIGSTOP) once ready: standbys that the drain tests thaw, so that until then every request and
+chunk goes to the worker a test means. Every address the processes use is a setting (REDIS_URL,
+DATABASE_URL, DJANGO_ALLOWED_HOSTS): host A's address on the bridge, never a loopback, so a component
+that assumed one host would fail here. The database is a private PostgreSQL cluster on host A (initdb
+into a temporary folder, password auth for the bridge's subnet), migrated from host B over the network.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ WEB_PORT = 8000
 # Small intervals, so a dead worker is seen within about 1.5 s (three missed dispatcher beats).
 WORKER_HEARTBEAT_S = 2.0
 DISPATCHER_HEARTBEAT_S = 0.5
+# Small chunks and dispatches: a job is many messages, so a worker stopped mid-job holds some.
+JOB_CHUNK_ROWS = 20
 PASSWORD = secrets.token_urlsafe(16)
 BIN = Path(sys.executable).parent
 
@@ -75,6 +80,10 @@ class Cluster:
     @property
     def c(self) -> Host:
         return self.network.hosts["c"]
+
+    @property
+    def d(self) -> Host:
+        return self.network.hosts["d"]
 
     @property
     def url(self) -> str:
@@ -152,6 +161,21 @@ class Cluster:
             return self.child_on(host, role, model, process)
 
         return wait_until(up, timeout_s, f"an {role} child for {model} on {host.hostname}", interval_s=0.2)
+
+    def blocked_clients(self, host: Host) -> list[dict]:
+        """Redis connections from `host` blocked in a command (a worker's BRPOP waiting for a message)."""
+        return [c for c in self.redis.client_list() if c["addr"].startswith(f"{host.address}:") and "b" in c["flags"]]
+
+    def freeze(self, host: Host) -> None:
+        """SIGSTOP every process on `host`, and wait until none of them waits in a BRPOP: Redis would hand
+        such a waiting, frozen worker the next message. kombu's BRPOP lasts 1 s, then Redis answers it empty."""
+        for process in self.processes.values():
+            if process.host == host and process.popen.poll() is None:
+                os.killpg(process.pid, signal.SIGSTOP)
+        wait_until(lambda: not self.blocked_clients(host), 10, f"the BRPOPs of {host.hostname} to expire")
+
+    def thaw(self, process: Process) -> None:
+        os.killpg(process.pid, signal.SIGCONT)
 
     def log_tails(self) -> str:
         return "\n".join(f"===== {p.name} on {p.host.hostname} =====\n{p.tail()}" for p in self.processes.values())
@@ -276,10 +300,9 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         "DISPATCHER_HEARTBEAT_S": str(DISPATCHER_HEARTBEAT_S),
         "ONLINE_DEADLINE_MS": "10000",
         "ONLINE_MAX_DEADLINE_MS": "30000",
-        "ONLINE_DISPATCH_TOKENS": "2048",  # a 16 x 128-token request is one dispatch, one pass
-        # 20-row chunks, 40-row dispatches: a job is many messages, so a worker stopped mid-job holds some.
-        "JOBS_CHUNK_ROWS": "20",
-        "JOBS_DISPATCH_ROWS": "40",
+        "ONLINE_DISPATCH_TOKENS": "2048",  # a request of 10 x 128 tokens is one dispatch, one pass
+        "JOBS_CHUNK_ROWS": str(JOB_CHUNK_ROWS),
+        "JOBS_DISPATCH_ROWS": str(2 * JOB_CHUNK_ROWS),
         # The reconciler must not rescue chunks: what a stopped worker gives back, it gives back itself.
         "JOBS_STALL_S": "600",
     }
@@ -292,7 +315,7 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     )
     # Outside pytest's 0700 temporary tree, so that Postgres's own user can read it.
     pg_root = Path(tempfile.mkdtemp(prefix=f"{network.tag}-pg-"))
-    b, c = network.hosts["b"], network.hosts["c"]
+    b, c, d = network.hosts["b"], network.hosts["c"], network.hosts["d"]
     try:
         try:
             network.up()
@@ -304,16 +327,21 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
             created = cluster.start(b, "createdb", createdb, env={"PGPASSWORD": PASSWORD})
             assert created.popen.wait(timeout=60) == 0, created.tail()
             cluster.manage(b, "migrate", "migrate", "--noinput")  # from host B, over the network
-            out = cluster.manage(b, "create-user", "shell", "-c", _CREATE_USER)
-            cluster.token = out.split("TOKEN ", 1)[1].split()[0]
+            user = cluster.start(b, "create-user", [str(BIN / "python"), "manage.py", "shell", "-c", _CREATE_USER])
             web = [str(BIN / "uvicorn"), "platform_.asgi:application", "--host", a.address, "--port", str(WEB_PORT)]
             cluster.start(a, "web", [*web, "--workers", "1", "--no-access-log"])
-            router = cluster.worker(b, "online-router-b", "online.router")
-            identity = cluster.worker(c, "online-identity-c", "online.identity")
-            offline = cluster.worker(c, "offline-c", "offline", models="router", prefetch=4)
-            cluster.wait_for_child(b, "online", "router", router)
-            cluster.wait_for_child(c, "online", "identity", identity)
-            cluster.wait_for_child(c, "offline", "router", offline)
+            workers = [
+                (b, "online", "identity", cluster.worker(b, "online-identity-b", "online.identity")),
+                (c, "online", "router", cluster.worker(c, "online-router-c", "online.router")),
+                (c, "offline", "router", cluster.worker(c, "offline-c", "offline", models="router", prefetch=4)),
+                (d, "online", "router", cluster.worker(d, "online-router-d", "online.router")),
+                (d, "offline", "router", cluster.worker(d, "offline-d", "offline", models="router", prefetch=4)),
+            ]
+            assert user.popen.wait(timeout=120) == 0, user.tail()
+            cluster.token = user.log.read_text().split("TOKEN ", 1)[1].split()[0]
+            for host, role, model, process in workers:
+                cluster.wait_for_child(host, role, model, process)
+            cluster.freeze(d)  # standbys: they take nothing until a test thaws them
             wait_until(lambda: _web_ready(cluster), 60, "web on host A")
         except Exception as exc:
             raise RuntimeError(f"the hosts did not come up: {exc!r}\n{cluster.log_tails()}") from exc
