@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -88,6 +89,10 @@ class Cluster:
     @property
     def url(self) -> str:
         return f"http://{self.a.address}:{WEB_PORT}"
+
+    def addresses(self) -> list[str]:
+        """Every host's address, and the bridge's (the test process's own, as a client)."""
+        return [self.network.gateway, *(host.address for host in self.network.hosts.values())]
 
     def headers(self, **extra: str) -> dict[str, str]:
         return {"Authorization": f"Token {self.token}", **extra}
@@ -177,14 +182,22 @@ class Cluster:
     def thaw(self, process: Process) -> None:
         os.killpg(process.pid, signal.SIGCONT)
 
+    def database_clients(self) -> set[str]:
+        """The addresses every connection PostgreSQL received so far came from (its log_connections lines)."""
+        return set(re.findall(r"connection received: host=(\S+)", self.processes["postgres"].log.read_text()))
+
     def log_tails(self) -> str:
         return "\n".join(f"===== {p.name} on {p.host.hostname} =====\n{p.tail()}" for p in self.processes.values())
 
     def stop_all(self) -> None:
-        for name in reversed(list(self.processes)):
-            process = self.processes[name]
-            sig = signal.SIGINT if name == "postgres" else signal.SIGTERM  # SIGINT: Postgres's fast shutdown
-            process.stop(sig, timeout_s=15)
+        """The platform's processes first, all at once (their warm shutdowns still reach Redis), then Redis and
+        PostgreSQL (SIGINT: its fast shutdown)."""
+        infrastructure = {"redis", "postgres"}
+        for group in ([p for n, p in self.processes.items() if n not in infrastructure], list(self.processes.values())):
+            for process in group:
+                process.send(signal.SIGINT if process.name == "postgres" else signal.SIGTERM)
+            for process in group:
+                process.wait_or_kill(timeout_s=20)
 
 
 def _models_file(folder: Path) -> Path:
@@ -239,6 +252,7 @@ def _start_postgres(cluster: Cluster, data_root: Path) -> None:
     server = [str(bin_dir / "postgres"), "-D", str(data), "-c", f"listen_addresses={cluster.a.address}"]
     server += ["-c", f"unix_socket_directories={data_root}", "-c", "fsync=off", "-c", "synchronous_commit=off"]
     server += ["-c", "full_page_writes=off", "-c", "shared_buffers=32MB", "-c", "max_connections=100"]
+    server += ["-c", "log_connections=on"]  # the log says which host each connection came from
     cluster.start(cluster.a, "postgres", server, user=user)
 
 
@@ -318,15 +332,23 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     b, c, d = network.hosts["b"], network.hosts["c"], network.hosts["d"]
     try:
         try:
+            started = time.monotonic()
+            phases: list[str] = []
+
+            def phase(name: str) -> None:
+                phases.append(f"{name} {time.monotonic() - started:.1f} s")
+
             network.up()
             _start_redis(cluster, root)
             _start_postgres(cluster, pg_root)
             wait_until(lambda: _redis_answers(cluster), 20, "redis on host A")
             wait_until(lambda: _postgres_answers(cluster), 30, "postgres on host A")
+            phase("redis and postgres up")
             createdb = [str(postgres_bin_dir() / "createdb"), "-h", a.address, "-U", "platform", "platform"]
             created = cluster.start(b, "createdb", createdb, env={"PGPASSWORD": PASSWORD})
             assert created.popen.wait(timeout=60) == 0, created.tail()
             cluster.manage(b, "migrate", "migrate", "--noinput")  # from host B, over the network
+            phase("migrated")
             user = cluster.start(b, "create-user", [str(BIN / "python"), "manage.py", "shell", "-c", _CREATE_USER])
             web = [str(BIN / "uvicorn"), "platform_.asgi:application", "--host", a.address, "--port", str(WEB_PORT)]
             cluster.start(a, "web", [*web, "--workers", "1", "--no-access-log"])
@@ -341,8 +363,13 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
             cluster.token = user.log.read_text().split("TOKEN ", 1)[1].split()[0]
             for host, role, model, process in workers:
                 cluster.wait_for_child(host, role, model, process)
+            phase("workers ready")
             cluster.freeze(d)  # standbys: they take nothing until a test thaws them
             wait_until(lambda: _web_ready(cluster), 60, "web on host A")
+            phase("web ready")
+            print(
+                f"\nmultihost hosts {', '.join(cluster.network.hosts[h].address for h in 'abcd')}: {'; '.join(phases)}"
+            )
         except Exception as exc:
             raise RuntimeError(f"the hosts did not come up: {exc!r}\n{cluster.log_tails()}") from exc
         yield cluster

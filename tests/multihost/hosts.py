@@ -153,20 +153,27 @@ class Process:
         except OSError as exc:
             return f"(no log: {exc})"
 
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20) -> int | None:
-        """Signal the process group (resumed first, in case a test stopped it) and wait; SIGKILL after the timeout."""
+    def send(self, sig: int) -> None:
+        """Send `sig` to the process group, resumed first in case a test froze it."""
         if self.popen.poll() is not None:
-            return self.popen.returncode
+            return
         for each in (signal.SIGCONT, sig):
             try:
                 os.killpg(self.pid, each)
             except ProcessLookupError:
-                break
+                return
+
+    def wait_or_kill(self, timeout_s: float) -> int:
+        """Wait for the process to exit; SIGKILL its group after `timeout_s`."""
         try:
             return self.popen.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             os.killpg(self.pid, signal.SIGKILL)
             return self.popen.wait(timeout=10)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20) -> int:
+        self.send(sig)
+        return self.wait_or_kill(timeout_s)
 
 
 def start(

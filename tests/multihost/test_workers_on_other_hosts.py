@@ -56,11 +56,9 @@ def test_each_model_is_answered_by_the_worker_of_its_own_host(cluster: Cluster):
     # Every process reached Redis and PostgreSQL over the bridge, from its own host's address.
     redis_peers = {c["addr"].rsplit(":", 1)[0] for c in cluster.redis.client_list()}
     assert {cluster.a.address, cluster.b.address, cluster.c.address} <= redis_peers
-    assert "127.0.0.1" not in redis_peers
-    with psycopg.connect(cluster.database_url, connect_timeout=5) as db:
-        rows = db.execute("SELECT DISTINCT host(client_addr) FROM pg_stat_activity WHERE datname = 'platform'")
-        db_peers = {row[0] for row in rows}
-    assert {cluster.a.address, cluster.c.address} <= db_peers  # web (tokens) and the offline worker
+    assert redis_peers <= set(cluster.addresses())  # no loopback: every process came over the network
+    # web (tokens, on host A) and the migration (host B); PostgreSQL listens on host A's address only.
+    assert {cluster.a.address, cluster.b.address} <= cluster.database_clients() <= set(cluster.addresses())
 
 
 def test_a_killed_worker_makes_its_model_refuse_at_once_while_the_other_model_serves(cluster: Cluster):
@@ -78,7 +76,7 @@ def test_a_killed_worker_makes_its_model_refuse_at_once_while_the_other_model_se
 
     wait_until(refused, 10, "identity refused with no_worker", interval_s=0.05)
     seen_after_s, refusal = time.monotonic() - killed_at, seen[-1]
-    assert seen_after_s < 3 * DISPATCHER_HEARTBEAT_S + 2.0, f"no_worker only after {seen_after_s:.1f} s"
+    assert seen_after_s < 3 * DISPATCHER_HEARTBEAT_S + 3.0, f"no_worker only after {seen_after_s:.1f} s"
     assert int(refusal.headers["Retry-After"]) >= 1
     for _ in range(5):
         router = cluster.predict("router", TEXTS)
@@ -137,6 +135,7 @@ def test_an_offline_job_runs_to_completion_on_host_c(cluster: Cluster):
     ended = wait_for_end(cluster, created["id"])
     assert (ended["status"], ended["done_rows"], ended["failed_rows"]) == ("succeeded", 60, 0), ended
     assert_every_row_done_once(cluster, created["id"], 60)
+    assert cluster.c.address in cluster.database_clients()  # its rows were read and written from host C
 
 
 def cpu_ticks(pid: int) -> int:
@@ -166,6 +165,7 @@ def test_sigterm_drains_an_online_worker_and_another_host_answers_what_it_held(c
             try:
                 wait_until(lambda: cpu_ticks(child) - idle >= 3, 10, "C's child computing", interval_s=0.005)
                 os.kill(child, signal.SIGSTOP)  # held in the middle of its pass: busy for as long as the test needs
+                assert cluster.redis.zcard(backlog_key("router")) == 1, "the pass ended before the child was stopped"
                 more = [
                     pool.submit(cluster.predict, "router", [f"held {i}"], deadline_ms=30000) for i in range(1, sent)
                 ]
