@@ -176,12 +176,35 @@ class PredictedWaitAutoscaler(Autoscaler):
         self._ready_at = 0.0  # when every child of the pool last became ready
         self._last: dict[str, Any] = {}
         self.client: redis.Redis | None = None  # None: the process's client (platform_.redis)
-        # Celery checks every `keepalive` seconds and on each task message, which celery-batches never
-        # reports: tick on the worker's event loop (its timer) instead. Without an event loop (thread
-        # mode), Celery's own thread calls maybe_scale every second.
-        hub = getattr(worker, "hub", None)
-        if hub is not None:
-            hub.call_repeatedly(self.interval_s, self.maybe_scale)
+        self._tick: Any = None
+        self._ticked_at = 0.0
+        self._arm()
+
+    def _arm(self) -> None:
+        """(Re)start the tick on the worker's event loop.
+
+        Celery checks every `keepalive` seconds and on each task message, which celery-batches never
+        reports: this ticks every `interval_s` instead. A broker reconnect clears the loop's timers and
+        Celery re-arms only its own check; that check finds this tick gone (`maybe_scale`) and re-arms
+        it. Without an event loop (thread mode), Celery's own thread calls maybe_scale every second.
+        """
+        hub = getattr(self.worker, "hub", None)
+        if hub is None:
+            return
+        if self._tick is not None:
+            self._tick.cancel()  # stalled but still queued: never two ticks
+        self._ticked_at = time.monotonic()
+        self._tick = hub.call_repeatedly(self.interval_s, self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._ticked_at = time.monotonic()
+        self.maybe_scale()
+
+    def maybe_scale(self, req: Any = None) -> None:
+        if self._tick is not None and time.monotonic() - self._ticked_at > 3 * self.interval_s:
+            logger.info("autoscale: the tick stopped (a broker reconnect clears the event loop's timers): re-arming")
+            self._arm()
+        super().maybe_scale(req)
 
     def online_queues(self) -> list[str]:
         """The online queues this worker consumes (its -Q, as inference/queues.py rewrote it)."""

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import psutil
 import pytest
 import redis
+from kombu.asynchronous.timer import Timer
 
 from inference.admission import backlog_tokens_key, last_rate_key
 from inference.autoscale import Policy, PredictedWaitAutoscaler, is_low, read_gauges, ready_children, target_procs
@@ -150,9 +151,9 @@ def own_redis(redis_url) -> redis.Redis:
     client.flushdb()
 
 
-def scaler_on(client: redis.Redis, pool: FakePool, keepalive_s: float = 0.0) -> PredictedWaitAutoscaler:
+def scaler_on(client: redis.Redis, pool: FakePool, keepalive_s: float = 0.0, hub=None) -> PredictedWaitAutoscaler:
     queues = SimpleNamespace(consume_from={"online.identity": None})
-    worker = SimpleNamespace(app=SimpleNamespace(amqp=SimpleNamespace(queues=queues)), hub=None)
+    worker = SimpleNamespace(app=SimpleNamespace(amqp=SimpleNamespace(queues=queues)), hub=hub)
     scaler = PredictedWaitAutoscaler(pool, 3, 1, worker=worker)
     scaler.client = client
     scaler.policy = Policy(grow_wait_s=0.5, shrink_wait_s=0.2, keepalive_s=keepalive_s)
@@ -213,6 +214,18 @@ def test_an_offline_worker_keeps_celerys_own_rule(own_redis):
     sample(own_redis, 3600.0)
     scaler.maybe_scale()
     assert pool.num_processes == 1
+
+
+def test_the_tick_survives_a_broker_reconnect_that_clears_the_event_loops_timers(own_redis):
+    timer = Timer()
+    scaler = scaler_on(own_redis, FakePool([1]), hub=SimpleNamespace(call_repeatedly=timer.call_repeatedly))
+    assert len(timer) == 1
+    timer.clear()  # what Celery's event loop does on a connection error; it re-arms only its own check
+    scaler._ticked_at -= 60  # that check comes a keepalive later and finds the tick silent
+    scaler.maybe_scale()
+    assert len(timer) == 1
+    scaler.maybe_scale()  # the tick is fresh: not armed twice
+    assert len(timer) == 1
 
 
 # A real worker started with --autoscale=2,1 -----------------------------------------------------
