@@ -15,6 +15,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,6 +68,9 @@ def reap_stale() -> None:
     for name in re.findall(rf"^\d+: ({PREFIX}\d+br)[:@]", links, flags=re.MULTILINE):
         if dead(name, rf"{PREFIX}(\d+)br"):
             _ip("link", "del", name, check=False)
+    for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-pg-*"):
+        if dead(folder.name, rf"{PREFIX}(\d+)-pg-\w+"):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 @dataclass(frozen=True)
