@@ -26,6 +26,12 @@ reads it from its main process (its event loop, every AUTOSCALE_INTERVAL_S) and 
   autoscaler waits for every child of its pool to beat in `inference:workers` and for a gauge
   sampled after that, then decides again. Stale gauges (no sampler running) also hold.
 
+Under a load past what the pool can serve, admission keeps the backlog near its bound (0.35 of the
+deadline ahead) whatever the pool's size, so the gauge stays past the grow mark and the pool stays at
+MAX while the load lasts, without flapping. The autoscaler does not see CPU: MAX must be what the host
+can run (children x TORCH_THREADS <= cores), or it adds children that only split the same cores.
+Measured in docs/benchmarks.md ("Autoscaling on predicted wait").
+
 Online workers never go below one child, whatever MIN says: admission refuses every request of a
 model no child serves (`no_worker`), so the backlog a zero-child pool would have to grow on never
 forms. An offline worker (one consuming no online queue) keeps Celery's default rule, unchanged. With
