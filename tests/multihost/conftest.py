@@ -60,7 +60,7 @@ def _session() -> requests.Session:
 
 @dataclass
 class Cluster:
-    """The three hosts, their processes, and how the test (a client in the root namespace) reaches them."""
+    """The hosts, their processes, and how the test (a client in the root namespace) reaches them."""
 
     network: Network
     env: dict[str, str]
@@ -134,12 +134,6 @@ class Cluster:
         argv += ["--prefetch-multiplier", str(prefetch), "--without-gossip", "--without-mingle"]
         argv += ["-n", f"{name}@%h", "--loglevel", "INFO"]
         return self.start(host, name, argv, env={"WORKER_MODELS": models})
-
-    def running(self, prefix: str) -> Process:
-        """The latest process started under a name beginning with `prefix` that is still running."""
-        alive = [p for name, p in self.processes.items() if name.startswith(prefix) and p.popen.poll() is None]
-        assert alive, f"no {prefix}* process running"
-        return alive[-1]
 
     def children(self, role: str | None = None) -> list[dict]:
         """Worker children whose heartbeat is fresh (optionally only those of one role: online, offline)."""
@@ -291,15 +285,34 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         pytest.skip(f"network namespaces cannot be made here: {reason}")
     reap_stale()
     root = tmp_path_factory.mktemp("multihost")
-    log_dir = root / "logs"
-    log_dir.mkdir()
+    (root / "logs").mkdir()
     network = Network("abcd")
     a = network.hosts["a"]
-    database_url = f"postgres://platform:{PASSWORD}@{a.address}:5432/platform"
     redis_url = f"redis://:{PASSWORD}@{a.address}:6379/0"
-    env = {
+    cluster = Cluster(
+        network=network,
+        env=_environment(root, a, redis_url),
+        log_dir=root / "logs",
+        redis=redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=10),
+        database_url=f"postgres://platform:{PASSWORD}@{a.address}:5432/platform",
+    )
+    cluster.env["DATABASE_URL"] = cluster.database_url
+    # Outside pytest's 0700 temporary tree, so that Postgres's own user can read it.
+    pg_root = Path(tempfile.mkdtemp(prefix=f"{network.tag}-pg-"))
+    try:
+        try:
+            _bring_up(cluster, root, pg_root)
+        except Exception as exc:
+            raise RuntimeError(f"the hosts did not come up: {exc!r}\n{cluster.log_tails()}") from exc
+        yield cluster
+    finally:
+        _tear_down(cluster, pg_root)
+
+
+def _environment(root: Path, a: Host, redis_url: str) -> dict[str, str]:
+    """What every process on every host gets: host A's addresses, small intervals and chunks."""
+    return {
         **{k: v for k, v in os.environ.items() if not k.startswith(("TEST_", "PYTEST_"))},
-        "DATABASE_URL": database_url,
         "REDIS_URL": redis_url,
         "DJANGO_ALLOWED_HOSTS": a.address,
         # Secrets come from the environment, as on real hosts, not from a var/ folder they would share.
@@ -320,61 +333,46 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
         # The reconciler must not rescue chunks: what a stopped worker gives back, it gives back itself.
         "JOBS_STALL_S": "600",
     }
-    cluster = Cluster(
-        network=network,
-        env=env,
-        log_dir=log_dir,
-        redis=redis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=10),
-        database_url=database_url,
-    )
-    # Outside pytest's 0700 temporary tree, so that Postgres's own user can read it.
-    pg_root = Path(tempfile.mkdtemp(prefix=f"{network.tag}-pg-"))
-    b, c, d = network.hosts["b"], network.hosts["c"], network.hosts["d"]
-    try:
-        try:
-            started = time.monotonic()
-            phases: list[str] = []
 
-            def phase(name: str) -> None:
-                phases.append(f"{name} {time.monotonic() - started:.1f} s")
 
-            network.up()
-            _start_redis(cluster, root)
-            _start_postgres(cluster, pg_root)
-            wait_until(lambda: _redis_answers(cluster), 20, "redis on host A")
-            wait_until(lambda: _postgres_answers(cluster), 30, "postgres on host A")
-            phase("redis and postgres up")
-            createdb = [str(postgres_bin_dir() / "createdb"), "-h", a.address, "-U", "platform", "platform"]
-            created = cluster.start(b, "createdb", createdb, env={"PGPASSWORD": PASSWORD})
-            assert created.popen.wait(timeout=60) == 0, created.tail()
-            cluster.manage(b, "migrate", "migrate", "--noinput")  # from host B, over the network
-            phase("migrated")
-            user = cluster.start(b, "create-user", [str(BIN / "python"), "manage.py", "shell", "-c", _CREATE_USER])
-            web = [str(BIN / "uvicorn"), "platform_.asgi:application", "--host", a.address, "--port", str(WEB_PORT)]
-            cluster.start(a, "web", [*web, "--workers", "1", "--no-access-log"])
-            workers = [
-                (b, "online", "identity", cluster.worker(b, "online-identity-b", "online.identity")),
-                (c, "online", "router", cluster.worker(c, "online-router-c", "online.router")),
-                (c, "offline", "router", cluster.worker(c, "offline-c", "offline", models="router", prefetch=4)),
-                (d, "online", "router", cluster.worker(d, "online-router-d", "online.router")),
-                (d, "offline", "router", cluster.worker(d, "offline-d", "offline", models="router", prefetch=4)),
-            ]
-            assert user.popen.wait(timeout=120) == 0, user.tail()
-            cluster.token = user.log.read_text().split("TOKEN ", 1)[1].split()[0]
-            for host, role, model, process in workers:
-                cluster.wait_for_child(host, role, model, process)
-            phase("workers ready")
-            cluster.freeze(d)  # standbys: they take nothing until a test thaws them
-            wait_until(lambda: _web_ready(cluster), 60, "web on host A")
-            phase("web ready")
-            print(
-                f"\nmultihost hosts {', '.join(cluster.network.hosts[h].address for h in 'abcd')}: {'; '.join(phases)}"
-            )
-        except Exception as exc:
-            raise RuntimeError(f"the hosts did not come up: {exc!r}\n{cluster.log_tails()}") from exc
-        yield cluster
-    finally:
-        _tear_down(cluster, pg_root)
+def _bring_up(cluster: Cluster, root: Path, pg_root: Path) -> None:
+    a, b, c, d = (cluster.network.hosts[letter] for letter in "abcd")
+    started, phases = time.monotonic(), []
+
+    def phase(name: str) -> None:
+        phases.append(f"{name} {time.monotonic() - started:.1f} s")
+
+    cluster.network.up()
+    _start_redis(cluster, root)
+    _start_postgres(cluster, pg_root)
+    wait_until(lambda: _redis_answers(cluster), 20, "redis on host A")
+    wait_until(lambda: _postgres_answers(cluster), 30, "postgres on host A")
+    phase("redis and postgres up")
+    createdb = [str(postgres_bin_dir() / "createdb"), "-h", a.address, "-U", "platform", "platform"]
+    created = cluster.start(b, "createdb", createdb, env={"PGPASSWORD": PASSWORD})
+    assert created.popen.wait(timeout=60) == 0, created.tail()
+    cluster.manage(b, "migrate", "migrate", "--noinput")  # from host B, over the network
+    phase("migrated from B")
+    user = cluster.start(b, "create-user", [str(BIN / "python"), "manage.py", "shell", "-c", _CREATE_USER])
+    web = [str(BIN / "uvicorn"), "platform_.asgi:application", "--host", a.address, "--port", str(WEB_PORT)]
+    cluster.start(a, "web", [*web, "--workers", "1", "--no-access-log"])
+    workers = [
+        (b, "online", "identity", cluster.worker(b, "online-identity-b", "online.identity")),
+        (c, "online", "router", cluster.worker(c, "online-router-c", "online.router")),
+        (c, "offline", "router", cluster.worker(c, "offline-c", "offline", models="router", prefetch=4)),
+        (d, "online", "router", cluster.worker(d, "online-router-d", "online.router")),
+        (d, "offline", "router", cluster.worker(d, "offline-d", "offline", models="router", prefetch=4)),
+    ]
+    assert user.popen.wait(timeout=120) == 0, user.tail()
+    cluster.token = user.log.read_text().split("TOKEN ", 1)[1].split()[0]
+    for host, role, model, process in workers:
+        cluster.wait_for_child(host, role, model, process)
+    phase("workers ready")
+    cluster.freeze(d)  # standbys: they take nothing until a test thaws them
+    wait_until(lambda: _web_ready(cluster), 60, "web on host A")
+    phase("web ready")
+    addresses = ", ".join(f"{h.hostname} {h.address}" for h in cluster.network.hosts.values())
+    print(f"\nmultihost: {addresses}; {'; '.join(phases)}")
 
 
 def _start_redis(cluster: Cluster, folder: Path) -> None:
