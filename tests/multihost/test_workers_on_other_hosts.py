@@ -148,7 +148,8 @@ def test_sigterm_drains_an_online_worker_and_another_host_answers_what_it_held(c
     """Warm shutdown, as the design promises (inference/tasks.py, AdaptiveBatches.hand_back): the batch a
     child is running is finished and answered; requests the dispatcher held but never started go back
     to the head of the model's queue, where another replica (host D, as in a rolling update) answers
-    them within their deadline; nothing is lost, and what is sent once it is stopping is not served by it."""
+    them within their deadline; nothing is lost, and what is sent once it is stopping is not served by it.
+    The replica stays frozen until C's dispatcher holds every request, so that C, not D, takes them."""
     worker, replica = cluster.processes["online-router-c"], cluster.processes["online-router-d"]
     child = cluster.child_on(cluster.c, "online", "router", worker)["pid"]
     # 10 x 128 tokens: one dispatch, one pass, about half a second of CPU.
@@ -171,6 +172,7 @@ def test_sigterm_drains_an_online_worker_and_another_host_answers_what_it_held(c
                 ]
                 calls += more
                 wait_until(lambda: held(sent), 5, "C's dispatcher to hold the other requests (its child is busy)")
+                cluster.thaw(replica)  # the other replica runs on, and takes what C gives back
                 worker.popen.send_signal(signal.SIGTERM)  # to the main process, as an orchestrator stops a container
                 wait_until(lambda: "Warm shutdown" in worker.tail(), 10, "the warm shutdown to start")
                 late = [pool.submit(cluster.predict, "router", [f"late {i}"], deadline_ms=30000) for i in range(3)]
@@ -180,7 +182,6 @@ def test_sigterm_drains_an_online_worker_and_another_host_answers_what_it_held(c
             handed = int(re.search(r"handed (\d+) waiting online requests back", worker.tail()).group(1))
             # The held ones, and any late one that C's BRPOP, already waiting in Redis, took as it stopped.
             assert sent - 1 <= handed <= sent - 1 + len(late)
-            assert cluster.redis.llen("online.router") >= handed  # back in Redis, none lost with the worker
         finally:
             cluster.thaw(replica)
         answers = [call.result() for call in calls]
@@ -195,6 +196,8 @@ def test_sigterm_drains_an_online_worker_and_another_host_answers_what_it_held(c
             assert answered_on(response) == cluster.d.hostname
         else:
             assert response.json()["code"] == "no_worker"
+    late_seen = ", ".join(f"{r.status_code} {answered_on(r) if r.ok else r.json()['code']}" for r in late_answers)
+    print(f"\nrouter: C finished its running pass and handed {handed} back; D answered them; late: {late_seen}")
 
 
 def test_sigterm_mid_job_gives_the_offline_chunks_back_and_another_worker_finishes_the_job(cluster: Cluster):
@@ -222,3 +225,6 @@ def test_sigterm_mid_job_gives_the_offline_chunks_back_and_another_worker_finish
     ended = wait_for_end(cluster, created["id"])
     assert (ended["status"], ended["done_rows"], ended["failed_rows"]) == ("succeeded", total, 0), ended
     assert_every_row_done_once(cluster, created["id"], total)
+    print(
+        f"\noffline: {done_rows} of {total} rows done on C at SIGTERM, {waiting} chunks back in the queue; D did the rest"
+    )
