@@ -167,10 +167,8 @@ def test_sigterm_drains_an_online_worker_and_another_host_answers_what_it_held(c
                 wait_until(lambda: cpu_ticks(child) - idle >= 3, 10, "C's child computing", interval_s=0.005)
                 os.kill(child, signal.SIGSTOP)  # held in the middle of its pass: busy for as long as the test needs
                 assert cluster.redis.zcard(backlog_key("router")) == 1, "the pass ended before the child was stopped"
-                more = [
-                    pool.submit(cluster.predict, "router", [f"held {i}"], deadline_ms=30000) for i in range(1, sent)
-                ]
-                calls += more
+                for i in range(1, sent):
+                    calls.append(pool.submit(cluster.predict, "router", [f"held {i}"], deadline_ms=30000))
                 wait_until(lambda: held(sent), 5, "C's dispatcher to hold the other requests (its child is busy)")
                 cluster.thaw(replica)  # the other replica runs on, and takes what C gives back
                 worker.popen.send_signal(signal.SIGTERM)  # to the main process, as an orchestrator stops a container
