@@ -26,13 +26,19 @@ def get_async_redis() -> aredis.Redis:
     """The async client of the running event loop (uvicorn runs one loop per process).
 
     Each waiting predict call holds one pooled connection in BLPOP, so the pool is sized for the
-    web tier's concurrency, not for its CPU count.
+    web tier's concurrency, not for its CPU count. That BLPOP lasts up to the request's deadline, so the
+    read timeout must be longer than the longest deadline: redis-py's default of 5 s turned every answer
+    slower than that into a 503 while it was on its way. Connecting keeps a short timeout.
     """
     loop_id = id(asyncio.get_running_loop())
     client = _async.get(loop_id)
     if client is None:
         client = aredis.Redis.from_url(
-            settings.REDIS_URL, decode_responses=True, max_connections=settings.WEB_REDIS_MAX_CONNECTIONS
+            settings.REDIS_URL,
+            decode_responses=True,
+            max_connections=settings.WEB_REDIS_MAX_CONNECTIONS,
+            socket_timeout=settings.ONLINE_MAX_DEADLINE_MS / 1000 + 5,
+            socket_connect_timeout=5,
         )
         _async[loop_id] = client
     return client

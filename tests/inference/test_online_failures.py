@@ -59,3 +59,26 @@ def test_a_child_killed_mid_batch_fails_its_callers_fast_instead_of_timing_out(s
     # The pool replaces the child; it loads its models and serves again.
     wait_until(lambda: any(c["pid"] != child["pid"] for c in stack.online_children()), 120, "a replacement child")
     assert stack.predict("router", ["the app crashes on start"]).status_code == 200
+
+
+def test_an_answer_that_takes_longer_than_five_seconds_still_reaches_its_caller(stack):
+    """redis-py's default socket timeout is 5 s: the web tier's wait for a reply (a BLPOP as long as the
+    request's deadline) used to end at 5 s in a 503 `broker_unavailable`, with the answer on its way."""
+    result: dict = {}
+    started = time.monotonic()
+
+    def call() -> None:
+        result["response"] = stack.predict("identity", ["slow but in time"], **{"X-Deadline-Ms": "9000"})
+
+    stack.pause_worker()
+    try:
+        caller = threading.Thread(target=call)
+        caller.start()
+        # The worker is stopped, so nothing can answer before 6 s have passed: that is the point.
+        wait_until(lambda: time.monotonic() - started > 6.0 or not caller.is_alive(), 10, "6 s of waiting")
+    finally:
+        stack.resume_worker()
+    caller.join(timeout=15)
+    response = result["response"]
+    assert response.status_code == 200, response.text
+    assert time.monotonic() - started > 6.0
