@@ -27,7 +27,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpResponse, JsonResponse
 from django.http.request import split_domain_port, validate_host
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings.local")
 django_application = get_asgi_application()
 
 from django.conf import settings  # noqa: E402  (after the app, which configures settings)

@@ -7,7 +7,7 @@ import os
 from celery import Celery
 from kombu import Exchange, Queue
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings")
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings.local")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # Weight-loading progress bars are noise in worker logs.

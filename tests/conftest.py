@@ -135,8 +135,11 @@ def models_file(tmp_path_factory, tiny_classifier) -> Path:
 @pytest.fixture(scope="session")
 def django_db_setup(django_test_environment, django_db_blocker):
     """Always create the test database: the live stack's processes use it even when no test is marked django_db."""
+    from django.conf import settings
     from django.test.utils import setup_databases, teardown_databases
 
+    # Settings create no directory; the SQLite test database (platform_/settings/test.py) lives in var/.
+    Path(settings.VAR_DIR).mkdir(parents=True, exist_ok=True)
     with django_db_blocker.unblock():
         config = setup_databases(verbosity=0, interactive=False, aliases={"default"})
     yield

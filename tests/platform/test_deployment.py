@@ -18,7 +18,7 @@ def manage(*args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "manage.py", *args],
         cwd=ROOT,
-        env={**base, "DJANGO_SETTINGS_MODULE": "platform_.settings_production", **env},
+        env={**base, "DJANGO_SETTINGS_MODULE": "platform_.settings.production", **env},
         capture_output=True,
         text=True,
         timeout=120,
@@ -62,4 +62,4 @@ def test_compose_has_no_default_secrets_and_keeps_flower_and_postgres_private():
     services = compose["services"]
     assert "ports" not in services["postgres"] and "ports" not in services["redis"]
     assert all(str(p).startswith("${FLOWER_BIND:-127.0.0.1}:") for p in services["flower"]["ports"])
-    assert compose["x-app"]["environment"]["DJANGO_SETTINGS_MODULE"] == "platform_.settings_production"
+    assert compose["x-app"]["environment"]["DJANGO_SETTINGS_MODULE"] == "platform_.settings.production"

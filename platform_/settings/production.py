@@ -1,6 +1,7 @@
-"""Production profile: DJANGO_SETTINGS_MODULE=platform_.settings_production (docker-compose.yml uses it).
+"""Production profile: DJANGO_SETTINGS_MODULE=platform_.settings.production (docker-compose.yml and
+deploy/kubernetes use it).
 
-Everything in platform_/settings.py, plus the transport security that `manage.py check --deploy`
+Everything in platform_/settings/base.py, plus the transport security that `manage.py check --deploy`
 asks for, on by default. Each has its own switch for deployments where a TLS proxy in front already
 does the job; a switch turned off also silences the check that would warn about it, so the check
 stays clean and still speaks for whatever was not turned off on purpose.
@@ -12,11 +13,11 @@ from django.core.exceptions import ImproperlyConfigured
 
 # The overlay idiom of Django settings (cookiecutter-django's `from .base import *`): this module
 # is the base module's names with a few changed.
-from platform_.settings import *  # noqa: F403
-from platform_.settings import env
+from platform_.settings.base import *  # noqa: F403
+from platform_.settings.base import env
 
 if not env.str("DJANGO_SECRET_KEY", default=""):
-    # A key generated into the container's var/ would differ per container and vanish with it.
+    # A key made up per process would differ between containers and processes and vanish with them.
     raise ImproperlyConfigured(
         "DJANGO_SECRET_KEY must be set in production, e.g. to the output of "
         "python -c 'import secrets; print(secrets.token_urlsafe(50))'"
