@@ -1,15 +1,83 @@
-"""Job review for admins: jobs with progress and actions, rows filterable for low-confidence review."""
+"""Job review for admins: jobs read-only with progress and per-job actions, rows reviewed against the model's labels.
+
+The job page changes nothing by editing (every field is written by the platform); what an operator
+does to a job goes through the same lifecycle functions as the API: cancel, retry failed rows,
+export. Rows are reviewed in a narrow list meant for a laptop screen, the corrected label picked
+from the model's own labels; saving a correction records who made it and when.
+"""
 
 from __future__ import annotations
 
-from django.contrib import admin, messages
-from django.db.models import QuerySet
-from django.urls import reverse
-from django.utils import timezone
-from django.utils.html import format_html
+import json
 
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.views.decorators.http import require_POST
+
+from inference.labels import labels_for
 from jobs import export, lifecycle
-from jobs.models import Job, JobRow
+from jobs.models import Job, JobRow, RowStatus
+
+# One product: the admin is branded as the platform and links back to its pages (templates/admin/base_site.html).
+admin.site.site_header = "Inference platform"
+admin.site.site_title = "Inference platform admin"
+admin.site.index_title = "Administration"
+admin.site.site_url = "/jobs/"
+# The app sidebar takes a third of a laptop screen and lists a handful of models the breadcrumbs already reach.
+admin.site.enable_nav_sidebar = False
+
+TEXT_SHOWN_CHARS = 90  # the text column's cut; the full text (up to TEXT_TITLE_CHARS) is on hover
+TEXT_TITLE_CHARS = 2000
+RECENT_JOBS_IN_FILTER = 10
+NOT_STORED = "–"
+
+
+def when(value) -> str:
+    """A time to the second, in the server's zone (the admin's default format drops seconds)."""
+    return timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S") if value else NOT_STORED
+
+
+def duration_in_words(seconds: float | None) -> str:
+    if seconds is None:
+        return NOT_STORED
+    seconds = round(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes} min"
+    return f"{minutes} min {secs} s" if minutes else f"{secs} s"
+
+
+def progress_html(job: Job) -> str:
+    """Done rows green, failed rows red, with the counts: a bar that does not look fine when rows failed."""
+    total = job.total_rows or 0
+    done_pct = 100 * job.done_rows / total if total else 0
+    failed_pct = 100 * job.failed_rows / total if total else 0
+    failed = format_html(', <span class="job-failed">{} failed</span>', job.failed_rows) if job.failed_rows else ""
+    return format_html(
+        '<div class="job-bar" title="{} done, {} failed of {}"><span class="job-bar-done" style="width:{}%"></span>'
+        '<span class="job-bar-failed" style="width:{}%"></span></div>{} / {}{}',
+        job.done_rows,
+        job.failed_rows,
+        total,
+        f"{done_pct:.1f}",
+        f"{failed_pct:.1f}",
+        job.done_rows + job.failed_rows,
+        total,
+        failed,
+    )
+
+
+def rows_url(job_id: int, **filters: str) -> str:
+    query = "&".join([f"job__id__exact={job_id}", *(f"{k}={v}" for k, v in filters.items())])
+    return reverse("admin:jobs_jobrow_changelist") + "?" + query
 
 
 @admin.register(Job)
@@ -22,102 +90,379 @@ class JobAdmin(admin.ModelAdmin):
         "model",
         "owner",
         "rows_per_s_shown",
-        "created_at",
+        "created",
         "rows_link",
     ]
     list_filter = ["status", "model", "owner", "created_at"]
     search_fields = ["filename", "owner__username", "error"]
     date_hierarchy = "created_at"
-    readonly_fields = [f.name for f in Job._meta.fields]
+    list_select_related = ["owner"]
     actions = ["cancel_jobs", "retry_failed_rows", "export_results"]
+    fieldsets = [
+        (None, {"fields": ["filename", "model", "owner", "status", "progress_bar", "label_summary", "error"]}),
+        ("Timing", {"fields": ["created", "started", "finished", "elapsed", "rows_per_s_shown", "eta"]}),
+        ("Upload", {"fields": ["text_column", "id_column", "encoding", "delimiter", "upload_size", "ingested_rows"]}),
+        (
+            "Ingest bookkeeping",
+            {"classes": ["collapse"], "fields": ["ingest_attempts", "ingest_claimed", "ingest_progress"]},
+        ),
+    ]
+    readonly_fields = [
+        *(f.name for f in Job._meta.fields),
+        "progress_bar",
+        "label_summary",
+        "created",
+        "started",
+        "finished",
+        "elapsed",
+        "rows_per_s_shown",
+        "eta",
+        "upload_size",
+        "ingest_claimed",
+        "ingest_progress",
+    ]
+
+    # Columns and read-only fields ---------------------------------------------------------------
 
     @admin.display(description="progress")
     def progress_bar(self, job: Job) -> str:
-        pct = round(job.progress * 100)
-        return format_html(
-            '<div style="width:8em;background:#eee;border-radius:3px"><div style="width:{}%;background:#3a7;height:.7em;border-radius:3px"></div></div>{} / {}',
-            pct,
-            job.done_rows + job.failed_rows,
-            job.total_rows,
-        )
+        return progress_html(job)
 
     @admin.display(description="rows/s", ordering="rows_per_s")
     def rows_per_s_shown(self, job: Job) -> str:
         return f"{job.rows_per_s:.1f}"
 
+    @admin.display(description="created", ordering="created_at")
+    def created(self, job: Job) -> str:
+        return when(job.created_at)
+
+    @admin.display(description="started")
+    def started(self, job: Job) -> str:
+        return when(job.started_at)
+
+    @admin.display(description="finished")
+    def finished(self, job: Job) -> str:
+        return when(job.finished_at)
+
+    @admin.display(description="elapsed")
+    def elapsed(self, job: Job) -> str:
+        if not job.started_at:
+            return NOT_STORED
+        return duration_in_words(((job.finished_at or timezone.now()) - job.started_at).total_seconds())
+
+    @admin.display(description="time left")
+    def eta(self, job: Job) -> str:
+        return duration_in_words(job.eta_s)
+
+    @admin.display(description="upload")
+    def upload_size(self, job: Job) -> str:
+        return f"{job.upload_bytes / 1e6:.1f} MB" if job.upload_bytes >= 100_000 else f"{job.upload_bytes:,} bytes"
+
+    @admin.display(description="ingest claimed")
+    def ingest_claimed(self, job: Job) -> str:
+        return when(job.ingest_claimed_at)
+
+    @admin.display(description="ingest last progress")
+    def ingest_progress(self, job: Job) -> str:
+        return when(job.ingest_progress_at)
+
+    @admin.display(description="labels")
+    def label_summary(self, job: Job) -> str:
+        counts = job.rows.filter(status=RowStatus.DONE).values("label").annotate(n=Count("pk")).order_by("-n", "label")
+        low = job.rows.filter(low_confidence=True).count()
+        if not counts:
+            return NOT_STORED
+        labels = format_html_join(
+            " · ", '<a href="{}">{}</a> {}', ((rows_url(job.pk, label=c["label"]), c["label"], c["n"]) for c in counts)
+        )
+        return format_html(
+            '{} — <a href="{}">{} low-confidence row(s) to review</a>',
+            labels,
+            rows_url(job.pk, low_confidence__exact="1"),
+            low,
+        )
+
     @admin.display(description="rows")
     def rows_link(self, job: Job) -> str:
-        url = reverse("admin:jobs_jobrow_changelist") + f"?job__id__exact={job.pk}"
-        low = reverse("admin:jobs_jobrow_changelist") + f"?job__id__exact={job.pk}&low_confidence__exact=1"
-        return format_html('<a href="{}">all</a> · <a href="{}">low confidence</a>', url, low)
+        return format_html(
+            '<a href="{}">all</a> · <a href="{}">low confidence</a>',
+            rows_url(job.pk),
+            rows_url(job.pk, low_confidence__exact="1"),
+        )
 
-    @admin.action(description="Cancel selected jobs (keeps rows done so far)")
-    def cancel_jobs(self, request, queryset: QuerySet[Job]) -> None:
+    # Permissions: jobs are made by uploading a CSV and written only by the platform ------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
+        return False  # the page is read-only: no Save button over fields nobody may change
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        """Cancel, retry and export: for those the model permissions would let change jobs."""
+        return request.user.has_perm("jobs.change_job")
+
+    # Bulk actions on the list -------------------------------------------------------------------
+
+    @admin.action(description="Cancel selected jobs (keeps rows done so far)", permissions=["operate"])
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         cancelled = sum(lifecycle.cancel(job) for job in queryset)
         self.message_user(request, f"{cancelled} job(s) cancelled")
 
-    @admin.action(description="Retry failed rows of selected jobs")
-    def retry_failed_rows(self, request, queryset: QuerySet[Job]) -> None:
+    @admin.action(description="Retry failed rows of selected jobs", permissions=["operate"])
+    def retry_failed_rows(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         rows = sum(lifecycle.retry_failed(job) for job in queryset)
         self.message_user(request, f"{rows} failed row(s) queued again", messages.SUCCESS if rows else messages.WARNING)
 
-    @admin.action(description="Export results of selected jobs (CSV)")
-    def export_results(self, request, queryset: QuerySet[Job]):
+    @admin.action(description="Export results of selected jobs (CSV)", permissions=["operate"])
+    def export_results(self, request: HttpRequest, queryset: QuerySet[Job]) -> StreamingHttpResponse:
         return export.csv_response(JobRow.objects.filter(job__in=queryset), "jobs-results.csv")
 
-    def has_add_permission(self, request) -> bool:
-        return False  # jobs are made by uploading a CSV (API or /jobs/)
+    # Per-job buttons on the job page (templates/admin/jobs/job/change_form.html) ---------------
+
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [
+            # POST only, and admin_view adds the CSRF check: a link or a prefetch cannot cancel a job.
+            path("<int:job_id>/cancel/", view(require_POST(self.cancel_view)), name="jobs_job_cancel"),
+            path("<int:job_id>/retry/", view(require_POST(self.retry_view)), name="jobs_job_retry"),
+            path("<int:job_id>/export.csv", view(self.export_view), name="jobs_job_export"),
+            *super().get_urls(),
+        ]
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):
+        job = self.get_object(request, object_id)
+        if job is not None:
+            extra_context = {**(extra_context or {}), "job_tools": self._tools(request, job)}
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def _tools(self, request: HttpRequest, job: Job) -> dict:
+        allowed = self.has_operate_permission(request)
+        return {
+            "can_operate": allowed,
+            "can_cancel": allowed and not job.is_terminal,
+            "can_retry": allowed and job.is_terminal and job.failed_rows > 0,
+            "rows_url": rows_url(job.pk),
+            "low_confidence_url": rows_url(job.pk, low_confidence__exact="1"),
+            "low_confidence_rows": job.rows.filter(low_confidence=True).count(),
+            "page_url": reverse("jobs:detail", args=[job.pk]),
+        }
+
+    def _operated_job(self, request: HttpRequest, job_id: int) -> Job:
+        if not self.has_operate_permission(request):
+            raise PermissionDenied
+        return get_object_or_404(Job, pk=job_id)
+
+    def _back_to(self, job: Job) -> HttpResponseRedirect:
+        return HttpResponseRedirect(reverse("admin:jobs_job_change", args=[job.pk]))
+
+    def cancel_view(self, request: HttpRequest, job_id: int) -> HttpResponse:
+        job = self._operated_job(request, job_id)
+        if lifecycle.cancel(job):
+            self.message_user(request, f"Job {job.pk} cancelled; the {job.done_rows} row(s) done so far are kept.")
+        else:
+            self.message_user(
+                request, f"Job {job.pk} had already ended ({job.status}); nothing to cancel.", messages.WARNING
+            )
+        return self._back_to(job)
+
+    def retry_view(self, request: HttpRequest, job_id: int) -> HttpResponse:
+        job = self._operated_job(request, job_id)
+        if not job.is_terminal:
+            self.message_user(
+                request, f"Job {job.pk} is still {job.status}; retry it once it has ended.", messages.WARNING
+            )
+            return self._back_to(job)
+        requeued = lifecycle.retry_failed(job)
+        if requeued:
+            self.message_user(request, f"{requeued} failed row(s) of job {job.pk} queued again.")
+        else:
+            self.message_user(request, f"Job {job.pk} has no failed rows to retry.", messages.WARNING)
+        return self._back_to(job)
+
+    def export_view(self, request: HttpRequest, job_id: int) -> StreamingHttpResponse:
+        job = self._operated_job(request, job_id)
+        return export.csv_response(job.rows.all(), f"job-{job.pk}-results.csv")
+
+
+# Row review ----------------------------------------------------------------------------------
+
+
+def correction_choices(row: JobRow) -> list[tuple[str, str]]:
+    """The empty choice, then the model's labels (and a stored correction the model no longer has, so it is not lost)."""
+    labels = labels_for(row.job.model) if row.job_id else []
+    if row.corrected_label and row.corrected_label not in labels:
+        labels = [*labels, row.corrected_label]
+    return [("", "—"), *((label, label) for label in labels)]
+
+
+class CorrectionForm(forms.ModelForm):
+    """The corrected label as a select of the row's model's labels: a typo cannot become a label."""
+
+    corrected_label = forms.ChoiceField(required=False, choices=[("", "—")], label="corrected label")
+
+    class Meta:
+        model = JobRow
+        fields = ["corrected_label"]
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["corrected_label"].choices = correction_choices(self.instance)
+
+
+def runner_up(row: JobRow) -> tuple[str, float] | None:
+    """The second-best label and its score from the stored output's `scores` (None when only the top label was stored)."""
+    scores = row.output.get("scores") if isinstance(row.output, dict) else None
+    if not isinstance(scores, dict) or len(scores) < 2:
+        return None
+    ranked = sorted(
+        ((label, value) for label, value in scores.items() if isinstance(value, int | float)),
+        key=lambda item: item[1],
+        reverse=True,
+    )
+    return ranked[1] if len(ranked) >= 2 else None
+
+
+class RecentJobFilter(admin.RelatedFieldListFilter):
+    """Only the latest jobs (and the one chosen): the full list would run down the page for ever."""
+
+    def field_choices(self, field, request: HttpRequest, model_admin) -> list[tuple[int, str]]:
+        jobs = list(Job.objects.order_by("-created_at")[:RECENT_JOBS_IN_FILTER])
+        chosen = self.lookup_val[0] if self.lookup_val else None
+        if chosen and str(chosen).isdigit() and all(str(job.pk) != str(chosen) for job in jobs):
+            jobs += list(Job.objects.filter(pk=chosen))
+        return [(job.pk, f"{job.pk} · {job.filename or job.model}") for job in jobs]
 
 
 @admin.register(JobRow)
 class JobRowAdmin(admin.ModelAdmin):
+    # A list that fits 1,366 px beside its filters: the text takes the room, the rest is narrow.
     list_display = [
-        "job",
-        "index",
+        "row_ref",
+        "job_ref",
         "short_text",
-        "status",
-        "label",
-        "score",
-        "low_confidence",
+        "predicted",
+        "score_shown",
+        "runner_up_shown",
         "corrected_label",
-        "reviewed_by",
+        "reviewer",
     ]
-    list_display_links = ["index"]
+    list_display_links = ["row_ref"]
     list_editable = ["corrected_label"]
-    list_filter = ["status", "low_confidence", "label", ("reviewed_by", admin.EmptyFieldListFilter), "job"]
+    list_filter = [
+        "status",
+        "low_confidence",
+        "label",
+        ("reviewed_by", admin.EmptyFieldListFilter),
+        ("job", RecentJobFilter),
+    ]
     search_fields = ["text", "external_id", "label", "corrected_label"]
     list_select_related = ["job", "reviewed_by"]
+    list_per_page = 50
+    form = CorrectionForm
+    fieldsets = [
+        (None, {"fields": ["job", "index", "external_id", "text_full", "status", "error", "attempts"]}),
+        ("Model's answer", {"fields": ["label", "score_shown", "runner_up_shown", "low_confidence", "output_shown"]}),
+        ("Review", {"fields": ["corrected_label", "reviewed_by", "reviewed"]}),
+    ]
     readonly_fields = [
         "job",
         "index",
         "external_id",
-        "text",
+        "text_full",
         "status",
-        "label",
-        "score",
-        "output",
         "error",
         "attempts",
+        "label",
+        "score_shown",
+        "runner_up_shown",
         "low_confidence",
+        "output_shown",
         "reviewed_by",
-        "reviewed_at",
+        "reviewed",
     ]
-    fields = [*readonly_fields, "corrected_label"]
     actions = ["mark_reviewed"]
+
+    def get_list_display(self, request: HttpRequest) -> list[str]:
+        """Without the job column when the list is one job's rows (the filter already says which)."""
+        if request.GET.get("job__id__exact"):
+            return [name for name in self.list_display if name != "job_ref"]
+        return list(self.list_display)
+
+    def get_changelist_form(self, request: HttpRequest, **kwargs):
+        return CorrectionForm
+
+    # Columns -----------------------------------------------------------------------------------
+
+    @admin.display(description="row", ordering="index")
+    def row_ref(self, row: JobRow) -> str:
+        return f"#{row.index}"
+
+    @admin.display(description="job", ordering="job")
+    def job_ref(self, row: JobRow) -> str:
+        return format_html('<a href="{}">{}</a>', reverse("admin:jobs_job_change", args=[row.job_id]), row.job_id)
 
     @admin.display(description="text")
     def short_text(self, row: JobRow) -> str:
-        return row.text if len(row.text) <= 80 else row.text[:77] + "..."
+        shown = row.text if len(row.text) <= TEXT_SHOWN_CHARS else row.text[: TEXT_SHOWN_CHARS - 1] + "…"
+        return format_html('<span class="row-text" title="{}">{}</span>', row.text[:TEXT_TITLE_CHARS], shown)
 
-    def save_model(self, request, obj: JobRow, form, change: bool) -> None:
+    @admin.display(description="text")
+    def text_full(self, row: JobRow) -> str:
+        return row.text
+
+    @admin.display(description="label", ordering="label")
+    def predicted(self, row: JobRow) -> str:
+        if row.status != RowStatus.DONE:
+            return format_html('<span class="row-status-{}" title="{}">{}</span>', row.status, row.error, row.status)
+        return row.label
+
+    @admin.display(description="score", ordering="score")
+    def score_shown(self, row: JobRow) -> str:
+        if row.score is None:
+            return NOT_STORED
+        if row.low_confidence:
+            return format_html(
+                '<span class="row-low" title="low confidence: flagged for review">{} ⚑</span>', f"{row.score:.3f}"
+            )
+        return f"{row.score:.3f}"
+
+    @admin.display(description="runner-up")
+    def runner_up_shown(self, row: JobRow) -> str:
+        second = runner_up(row)
+        if second is None:
+            return format_html(
+                '<span title="{}">{}</span>', "not stored: this row's output has only the top label", NOT_STORED
+            )
+        return format_html('{} <span class="row-muted">{}</span>', second[0], f"{second[1]:.3f}")
+
+    @admin.display(description="reviewed by", ordering="reviewed_by__username")
+    def reviewer(self, row: JobRow) -> str:
+        if row.reviewed_by is None:
+            return NOT_STORED
+        return format_html('<span title="reviewed {}">{}</span>', when(row.reviewed_at), row.reviewed_by.get_username())
+
+    @admin.display(description="reviewed at")
+    def reviewed(self, row: JobRow) -> str:
+        return when(row.reviewed_at)
+
+    @admin.display(description="output")
+    def output_shown(self, row: JobRow) -> str:
+        if row.output is None:
+            return NOT_STORED
+        return format_html('<pre class="row-output">{}</pre>', json.dumps(row.output, indent=2, ensure_ascii=False))
+
+    # Saving a correction records the reviewer ---------------------------------------------------
+
+    def save_model(self, request: HttpRequest, obj: JobRow, form, change: bool) -> None:
         if "corrected_label" in form.changed_data:
             obj.reviewed_by, obj.reviewed_at = request.user, timezone.now()
         super().save_model(request, obj, form, change)
 
     @admin.action(description="Mark selected rows reviewed (the model's label stands)")
-    def mark_reviewed(self, request, queryset: QuerySet[JobRow]) -> None:
+    def mark_reviewed(self, request: HttpRequest, queryset: QuerySet[JobRow]) -> None:
         updated = queryset.update(reviewed_by=request.user, reviewed_at=timezone.now())
         self.message_user(request, f"{updated} row(s) marked reviewed")
 
-    def has_add_permission(self, request) -> bool:
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False
