@@ -1,12 +1,14 @@
-"""One error shape for the whole API: {"detail": <message a person can act on>, "code": <machine-readable>}."""
+"""One error shape for the whole API: {"detail": <message a person can act on>, "code": <machine-readable>};
+and the error handlers that give people the product's styled 403/404/500 pages instead (templates/).
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from django.http import Http404, JsonResponse
-from django.views import defaults
+from django.http import Http404, HttpResponseServerError, JsonResponse
+from django.views import csrf, defaults
 from rest_framework import exceptions
 from rest_framework.views import exception_handler as drf_exception_handler
 
@@ -56,17 +58,48 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
     return response
 
 
+def is_api_path(path: str) -> bool:
+    """Paths whose clients are programs: their errors are JSON in the API's shape, never an HTML page."""
+    return path.startswith("/api/") or path == "/metrics" or path.startswith("/metrics/")
+
+
+def json_403(request: Any, exception: Exception | None = None) -> Any:
+    """handler403: JSON for API paths; the product's styled 403 page (templates/403.html) for people."""
+    if is_api_path(request.path):
+        return JsonResponse(
+            {"detail": "you do not have permission to do this", "code": "permission_denied"}, status=403
+        )
+    return defaults.permission_denied(request, exception)
+
+
 def json_404(request: Any, exception: Exception | None = None) -> Any:
-    """API clients get JSON for an unknown URL; browsers get Django's page."""
-    if request.path.startswith("/api/"):
+    """handler404: API clients get JSON for an unknown URL; people get the styled page with navigation."""
+    if is_api_path(request.path):
         return JsonResponse({"detail": f"no such endpoint: {request.path}", "code": "not_found"}, status=404)
     return defaults.page_not_found(request, exception)
 
 
 def json_500(request: Any) -> Any:
-    if request.path.startswith("/api/"):
+    """handler500: JSON for API paths; otherwise templates/500.html, rendered without the request (it may be
+    what failed), and plain text if even that fails (a broken template must not hide the first error)."""
+    if is_api_path(request.path):
         return JsonResponse({"detail": "internal server error", "code": "server_error"}, status=500)
-    return defaults.server_error(request)
+    try:
+        return defaults.server_error(request)
+    except Exception:
+        logging.getLogger(__name__).exception("the 500 page could not be rendered")
+        return HttpResponseServerError(
+            "Server error: it was logged; try again in a moment.\n", content_type="text/plain"
+        )
+
+
+def csrf_failure(request: Any, reason: str = "") -> Any:
+    """CSRF_FAILURE_VIEW: JSON for API paths; otherwise Django's view, which renders templates/403_csrf.html
+    (the styled 403, with navigation; it never tells anyone to set DEBUG=True)."""
+    if is_api_path(request.path):
+        detail = f"CSRF check failed ({reason}); API clients should authenticate with a token, not a session cookie"
+        return JsonResponse({"detail": detail, "code": "csrf_failed"}, status=403)
+    return csrf.csrf_failure(request, reason)
 
 
 class SkipExpectedRefusals(logging.Filter):
