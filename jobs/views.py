@@ -1,18 +1,91 @@
-"""Web pages for offline jobs: list and upload, and one job's progress and results."""
+"""Web pages for offline jobs: the list with the upload form, one job's progress, labels and rows, and
+the Cancel / Retry-failed buttons (the same lifecycle calls as the API's actions).
+
+The list and the job's summary card refresh themselves by fetching small HTML fragments rendered from
+the same templates as the full page, so a page never shows two versions of the same numbers.
+"""
 
 from __future__ import annotations
 
+from datetime import datetime
+from urllib.parse import urlencode
+
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.core.paginator import Page, Paginator
+from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
 
+from jobs import export, lifecycle
 from jobs.api.views import create_from_upload, visible_jobs
 from jobs.forms import UploadForm
 from jobs.ingest import IngestError
+from jobs.models import Job, JobStatus, RowStatus
+
+JOBS_PER_PAGE = 25
+ROWS_PER_PAGE = 50
+# The admin's row list, filtered to one job's low-confidence rows (jobs/admin.py's list_filter names).
+REVIEW_URL = "/admin/jobs/jobrow/?job__id__exact={pk}&low_confidence__exact=1"
+
+
+def duration_text(seconds: float | None) -> str:
+    """A duration as a person reads it: "42 s", "3 min 05 s", "2 h 07 min"; "–" when unknown."""
+    if seconds is None:
+        return "–"
+    total = max(int(round(seconds)), 0)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    if minutes:
+        return f"{minutes} min {secs:02d} s"
+    return f"{secs} s"
+
+
+def describe(job: Job, now: datetime | None = None) -> Job:
+    """Add what the templates show beside the stored fields: bar widths, elapsed, ETA, which buttons apply."""
+    now = now or timezone.now()
+    total = job.total_rows or 0
+    job.done_pct = 100.0 * job.done_rows / total if total else 0.0
+    job.failed_pct = 100.0 * job.failed_rows / total if total else 0.0
+    job.reading_pct = 100.0 * job.ingest_progress
+    job.remaining_rows = max(total - job.done_rows - job.failed_rows, 0)
+    if job.started_at:
+        job.elapsed_text = duration_text(((job.finished_at or now) - job.started_at).total_seconds())
+    else:
+        job.elapsed_text = "not started"
+    if job.is_terminal:
+        job.eta_text = "ended"
+    elif job.status == JobStatus.INGESTING:
+        job.eta_text = "reading the file"
+    else:
+        job.eta_text = duration_text(job.eta_s) if job.eta_s is not None else "waiting for a worker"
+    job.can_cancel = not job.is_terminal
+    job.can_retry = job.is_terminal and job.failed_rows > 0
+    return job
+
+
+def _paged(items: QuerySet, request: HttpRequest, per_page: int) -> tuple[Page, str]:
+    """One page of `items` (?page=, out-of-range pages clamp), and the query string of the other parameters."""
+    page = Paginator(items, per_page).get_page(request.GET.get("page"))
+    others = urlencode([(k, v) for k, v in request.GET.items() if k not in ("page", "fragment")])
+    return page, others
+
+
+def _job_page(request: HttpRequest) -> tuple[Page, str]:
+    page, others = _paged(visible_jobs(request.user), request, JOBS_PER_PAGE)
+    now = timezone.now()
+    for job in page:
+        describe(job, now)
+    return page, others
 
 
 @login_required
 def job_list(request: HttpRequest) -> HttpResponse:
+    """The upload form and the user's jobs (all jobs for staff), newest first, paged."""
     form = UploadForm(request.POST or None, request.FILES or None)
     status = 200
     if request.method == "POST" and form.is_valid():
@@ -22,15 +95,97 @@ def job_list(request: HttpRequest) -> HttpResponse:
             form.add_error("file", error.message)
             status = error.status
         else:
+            messages.success(request, f"Job {job.pk} created: the file is being read, then its rows are classified.")
             return redirect("jobs:detail", pk=job.pk)
     elif request.method == "POST":
         status = 400
-    jobs = visible_jobs(request.user)[:50]
-    return render(request, "jobs/list.html", {"form": form, "jobs": jobs}, status=status)
+    page, others = _job_page(request)
+    context = {"form": form, "page": page, "others": others, "live": _any_live(page)}
+    return render(request, "jobs/list.html", context, status=status)
 
 
 @login_required
+@require_GET
+def job_list_rows(request: HttpRequest) -> HttpResponse:
+    """The job table's rows alone, for the list page to refresh itself."""
+    page, others = _job_page(request)
+    return render(request, "jobs/_job_rows.html", {"page": page, "others": others, "live": _any_live(page)})
+
+
+def _any_live(page: Page) -> bool:
+    return any(not job.is_terminal for job in page)
+
+
+def label_summary(job: Job) -> list[dict]:
+    """Rows done per predicted label, with how many of them are low-confidence; most frequent first."""
+    return list(
+        job.rows.filter(status=RowStatus.DONE)
+        .values("label")
+        .annotate(rows=Count("pk"), low=Count("pk", filter=Q(low_confidence=True)))
+        .order_by("-rows", "label")
+    )
+
+
+# The row filters offered above the table, as the query parameters jobs/export.py's filtered_rows reads.
+ROW_FILTERS = [
+    ("All rows", {}),
+    ("Failed", {"status": RowStatus.FAILED}),
+    ("Low confidence", {"low_confidence": "1"}),
+    ("Pending", {"status": RowStatus.PENDING}),
+]
+
+
+@login_required
+@require_GET
 def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    """One job: summary card (refreshing while it runs), labels, and its rows a page at a time."""
+    job = describe(get_object_or_404(visible_jobs(request.user), pk=pk))
+    params = {k: v for k, v in request.GET.items() if k in ("status", "label", "low_confidence") and v}
+    rows, others = _paged(export.filtered_rows(job, params), request, ROWS_PER_PAGE)
+    labels = label_summary(job)
+    filters = [(name, urlencode(query), query == params) for name, query in ROW_FILTERS]
+    context = {
+        "job": job,
+        "rows": rows,
+        "others": others,
+        "labels": labels,
+        "low_rows": sum(item["low"] for item in labels),
+        "review_url": REVIEW_URL.format(pk=job.pk),
+        "filters": filters,
+        "label_filter": params.get("label", ""),
+    }
+    return render(request, "jobs/detail.html", context)
+
+
+@login_required
+@require_GET
+def job_summary(request: HttpRequest, pk: int) -> HttpResponse:
+    """The job's summary card alone, for the detail page to refresh itself while the job runs."""
+    job = describe(get_object_or_404(visible_jobs(request.user), pk=pk))
+    return render(request, "jobs/_summary.html", {"job": job})
+
+
+@login_required
+@require_POST
+def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
+    """The Cancel button: rows done so far are kept, the rest are not run (lifecycle.cancel, as the API)."""
     job = get_object_or_404(visible_jobs(request.user), pk=pk)
-    rows = job.rows.order_by("index")[:20]
-    return render(request, "jobs/detail.html", {"job": job, "rows": rows})
+    if lifecycle.cancel(job):
+        messages.success(request, f"Job {job.pk} cancelled: {job.done_rows} rows done are kept, the rest will not run.")
+    else:
+        messages.error(request, f"Job {job.pk} had already ended ({job.get_status_display()}); nothing to cancel.")
+    return redirect("jobs:detail", pk=job.pk)
+
+
+@login_required
+@require_POST
+def job_retry(request: HttpRequest, pk: int) -> HttpResponse:
+    """The Retry-failed button: only the failed rows of an ended job run again (lifecycle.retry_failed, as the API)."""
+    job = get_object_or_404(visible_jobs(request.user), pk=pk)
+    if not job.is_terminal:
+        messages.error(request, f"Job {job.pk} is still {job.get_status_display()}; retry it once it has ended.")
+    elif requeued := lifecycle.retry_failed(job):
+        messages.success(request, f"Job {job.pk}: {requeued} failed rows queued again.")
+    else:
+        messages.error(request, f"Job {job.pk} has no failed rows to retry.")
+    return redirect("jobs:detail", pk=job.pk)
