@@ -23,7 +23,7 @@ from django.views.decorators.http import require_POST
 
 from inference.labels import labels_for
 from jobs import export, lifecycle
-from jobs.models import Job, JobRow, RowStatus
+from jobs.models import Job, JobRow, JobStatus, RowStatus
 
 # One product: the admin is branded as the platform and links back to its pages (templates/admin/base_site.html).
 admin.site.site_header = "Inference platform"
@@ -57,6 +57,10 @@ def duration_in_words(seconds: float | None) -> str:
 
 def progress_html(job: Job) -> str:
     """Done rows green, failed rows red, with the counts: a bar that does not look fine when rows failed."""
+    if job.status == JobStatus.INGESTING:
+        return format_html(
+            "reading the upload: {}% ({} rows so far)", f"{job.ingest_progress * 100:.0f}", f"{job.ingested_rows:,}"
+        )
     total = job.total_rows or 0
     done_pct = 100 * job.done_rows / total if total else 0
     failed_pct = 100 * job.failed_rows / total if total else 0

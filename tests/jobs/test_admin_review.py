@@ -208,3 +208,20 @@ def test_staff_without_job_permissions_get_no_actions(client):
     assert "Cancel job" not in page
     assert client.post(reverse("admin:jobs_job_cancel", args=[job.pk])).status_code == 403
     assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
+
+
+def test_slow_request_log_rounds_durations_and_shows_seconds(admin_client):
+    from inference.models import SlowRequest
+
+    SlowRequest.objects.create(
+        request_id="r1",
+        model="router",
+        status=504,
+        inputs=1,
+        input_chars=10,
+        total_ms=2003.456789,
+        queue_wait_ms=12.34567,
+    )
+    html = admin_client.get(reverse("admin:inference_slowrequest_changelist")).content.decode()
+    assert "2003.5" in html and "12.3" in html and "2003.456" not in html
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", html)
