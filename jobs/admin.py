@@ -33,7 +33,7 @@ admin.site.site_url = "/jobs/"
 # The app sidebar takes a third of a laptop screen and lists a handful of models the breadcrumbs already reach.
 admin.site.enable_nav_sidebar = False
 
-TEXT_SHOWN_CHARS = 90  # the text column's cut; the full text (up to TEXT_TITLE_CHARS) is on hover
+TEXT_SHOWN_CHARS = 160  # the text column's cut; the full text (up to TEXT_TITLE_CHARS) is on hover
 TEXT_TITLE_CHARS = 2000
 RECENT_JOBS_IN_FILTER = 10
 NOT_STORED = "–"
@@ -101,6 +101,7 @@ class JobAdmin(admin.ModelAdmin):
     search_fields = ["filename", "owner__username", "error"]
     date_hierarchy = "created_at"
     list_select_related = ["owner"]
+    empty_value_display = NOT_STORED
     actions = ["cancel_jobs", "retry_failed_rows", "export_results"]
     fieldsets = [
         (None, {"fields": ["filename", "model", "owner", "status", "progress_bar", "label_summary", "error"]}),
@@ -156,7 +157,7 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="time left")
     def eta(self, job: Job) -> str:
-        return duration_in_words(job.eta_s)
+        return NOT_STORED if job.is_terminal else duration_in_words(job.eta_s)
 
     @admin.display(description="upload")
     def upload_size(self, job: Job) -> str:
@@ -363,11 +364,16 @@ class JobRowAdmin(admin.ModelAdmin):
     search_fields = ["text", "external_id", "label", "corrected_label"]
     list_select_related = ["job", "reviewed_by"]
     list_per_page = 50
+    empty_value_display = NOT_STORED
     form = CorrectionForm
+    # The text, the answer and the one editable field first; the bookkeeping below.
     fieldsets = [
-        (None, {"fields": ["job", "index", "external_id", "text_full", "status", "error", "attempts"]}),
-        ("Model's answer", {"fields": ["label", "score_shown", "runner_up_shown", "low_confidence", "output_shown"]}),
+        (None, {"fields": ["job", "text_full", "label", "score_shown", "runner_up_shown"]}),
         ("Review", {"fields": ["corrected_label", "reviewed_by", "reviewed"]}),
+        (
+            "Details",
+            {"fields": ["index", "external_id", "status", "error", "attempts", "low_confidence", "output_shown"]},
+        ),
     ]
     readonly_fields = [
         "job",
@@ -395,6 +401,15 @@ class JobRowAdmin(admin.ModelAdmin):
 
     def get_changelist_form(self, request: HttpRequest, **kwargs):
         return CorrectionForm
+
+    def changelist_view(self, request: HttpRequest, extra_context=None):
+        """A heading that says whose rows these are, instead of "Select job row to change"."""
+        job_id = request.GET.get("job__id__exact", "")
+        job = Job.objects.filter(pk=job_id).first() if job_id.isdigit() else None
+        title = f"rows of job {job.pk} ({job.filename or job.model}, {job.model})" if job else "rows to review"
+        low = request.GET.get("low_confidence__exact") == "1"
+        title = f"Low-confidence {title}" if low else title[0].upper() + title[1:]
+        return super().changelist_view(request, {"title": title, **(extra_context or {})})
 
     # Columns -----------------------------------------------------------------------------------
 
