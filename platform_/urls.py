@@ -2,6 +2,7 @@
 
 from django.conf import settings
 from django.contrib import admin
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import views as auth_views
 from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import include, path, re_path
@@ -13,13 +14,20 @@ from platform_.auth_throttle import throttle_login
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/jobs/", permanent=False)),
-    # Both login forms, with failed-authentication throttling (429 after repeated bad passwords from
-    # one address); listed before the includes that also define them, so these win.
-    path("admin/login/", throttle_login(admin.site.login)),
+    # One login page (templates/registration/login.html) for people and for the admin (which takes
+    # staff only), with failed-authentication throttling (429 after repeated bad passwords from one
+    # address); listed before the includes that also define them, so these win. Log out is a POST.
     path(
-        "accounts/login/",
-        throttle_login(auth_views.LoginView.as_view(template_name="rest_framework/login.html")),
+        "admin/login/",
+        throttle_login(
+            auth_views.LoginView.as_view(
+                authentication_form=AdminAuthenticationForm, next_page="/admin/", extra_context={"admin_login": True}
+            )
+        ),
     ),
+    path("accounts/login/", throttle_login(auth_views.LoginView.as_view()), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(next_page="/accounts/login/"), name="logout"),
+    path("admin/logout/", auth_views.LogoutView.as_view(next_page="/accounts/login/")),
     path("admin/", admin.site.urls),
     path("dashboard/", dashboard.dashboard, name="dashboard"),
     path("dashboard/data.json", dashboard.dashboard_json, name="dashboard-data"),
@@ -39,5 +47,7 @@ if settings.SERVE_STATIC:
     # collectstatic, no extra server for `make run`. Behind a proxy, collectstatic and turn this off.
     urlpatterns.append(re_path(r"^static/(?P<path>.*)$", serve_static, {"insecure": True}))
 
+# Styled pages with navigation for people, the API's JSON shape for /api/ and /metrics (platform_/errors.py).
+handler403 = "platform_.errors.json_403"
 handler404 = "platform_.errors.json_404"
 handler500 = "platform_.errors.json_500"
