@@ -304,7 +304,7 @@ def correction_choices(row: JobRow) -> list[tuple[str, str]]:
 class CorrectionForm(forms.ModelForm):
     """The corrected label as a select of the row's model's labels: a typo cannot become a label."""
 
-    corrected_label = forms.ChoiceField(required=False, choices=[("", "—")], label="corrected label")
+    corrected_label = forms.ChoiceField(required=False, choices=[("", "—")], label="Corrected label")
 
     class Meta:
         model = JobRow
@@ -365,6 +365,7 @@ class JobRowAdmin(admin.ModelAdmin):
     list_select_related = ["job", "reviewed_by"]
     list_per_page = 50
     empty_value_display = NOT_STORED
+    ordering = ["-job", "index"]  # the latest job's rows first: that is the one being reviewed
     form = CorrectionForm
     # The text, the answer and the one editable field first; the bookkeeping below.
     fieldsets = [
