@@ -21,9 +21,9 @@ from typing import Any
 
 import redis
 from celery_batches import Batches, SimpleRequest, consume_queue
-from celery_batches.trace import apply_batches_task
 
 from inference.dispatch import FairDispatcher, Limits, Slice, Work
+from inference.events import BatchEvents, apply_batch
 from inference.workers import start_dispatcher_heartbeat
 from platform_.celery import worker_role
 
@@ -102,6 +102,7 @@ class AdaptiveBatches(Batches):
         self._closing = False
         self._bursting = False
         self._burst_supported = True
+        self._events = BatchEvents(None, self)  # Flower's task events per batch, once the consumer exists
 
     # Hooks for the concrete task -------------------------------------------------------------
     def max_texts(self, model: str) -> int:
@@ -134,6 +135,7 @@ class AdaptiveBatches(Batches):
         # Called again after a broker reconnect, whose event loop cleared every timer: wake-ups and the
         # heartbeat are armed anew on the new timer.
         self._timer = consumer.timer
+        self._events = BatchEvents(consumer, task)
         self._tref = _NoFixedTimer()
         self._wake = None
         # Queues consumed without acknowledgements (kombu `Queue(no_ack=True)`; the online queue, see
@@ -310,19 +312,23 @@ class AdaptiveBatches(Batches):
         # child died, as celery-batches itself does for acks_late.
         late = [r for r in requests if r.task.acks_late]
         early = [r for r in requests if not r.task.acks_late and self._acks(r)]
+        batch = self._events.dispatched(simple)
 
         def accepted(pid: int, time_accepted: float) -> None:
+            self._events.started(batch, pid)
             for request in early:
                 request.acknowledge()
 
         def finished(result: Any) -> None:
             self._in_flight -= 1
+            self._events.finished(batch, result)
             for request in late:
                 request.acknowledge()
             self._dispatch()
 
         def lost(exc: Any) -> None:
             self._in_flight -= 1
+            self._events.lost(batch, exc)
             logger.error("a worker child died running %d requests: %r", len(simple), exc)
             self.on_lost(simple, f"the worker process died: {exc!r}")
             for request in early:  # their callers were told; a redelivery would be computed for nobody
@@ -335,7 +341,7 @@ class AdaptiveBatches(Batches):
             self._dispatch()
 
         self._pool.apply_async(
-            apply_batches_task,
+            apply_batch,
             (self, (simple,), 0, None),
             accept_callback=accepted,
             callback=finished,
