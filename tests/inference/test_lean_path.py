@@ -23,16 +23,16 @@ from inference.registry import ModelSpec
 from inference.replies import reply_key
 from inference.tokens import token_counts
 from platform_.redis import Increments
-from tests.conftest import MINILM, _start, _stop
+from tests.conftest import MINILM, _start, _stop, wait_until
 
 
 def wait_for(condition, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value or time.monotonic() > deadline:
-            return value
-        time.sleep(0.05)
+    """The condition's value once it holds, or its last (false) value after `timeout_s`, for an assert
+    that says what was seen."""
+    try:
+        return wait_until(condition, timeout_s, "a condition", interval_s=0.05)
+    except TimeoutError:
+        return condition()
 
 
 def test_identity_answers_each_texts_length_and_the_tokens_admission_priced(stack):

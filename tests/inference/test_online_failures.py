@@ -6,6 +6,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +30,12 @@ def test_a_logged_in_browser_can_predict_with_its_csrf_token_and_not_without(sta
     assert with_token.json()["outputs"][0]["label"] == "account"
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the process has used so far, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_a_child_killed_mid_batch_fails_its_callers_fast_instead_of_timing_out(stack):
     (child,) = stack.online_children()
     long_text = " ".join(["the invoice amount differs from the quote we agreed on last month"] * 12)
@@ -39,17 +46,21 @@ def test_a_child_killed_mid_batch_fails_its_callers_fast_instead_of_timing_out(s
         result["response"] = stack.predict("router", [long_text] * 16)  # 2,048 tokens: seconds on one CPU child
         result["elapsed"] = time.monotonic() - started
 
+    cpu_before = cpu_seconds(child["pid"])
     caller = threading.Thread(target=call)
     caller.start()
+    # Mid-batch: the request left the queue and the child has computed for a while (an idle child only
+    # beats its heartbeat), and the caller is still waiting for the rest of it.
     wait_until(
         lambda: (
-            any(c["state"] == "busy" for c in stack.online_children())
-            or stack.redis.hget("inference:workers", child["worker_id"])
+            stack.redis.llen("online.router") == 0
+            and cpu_seconds(child["pid"]) - cpu_before >= 0.2
+            and caller.is_alive()
         ),
-        5,
-        "the batch to start",
+        30,
+        "the child to be computing the batch",
+        interval_s=0.02,
     )
-    time.sleep(0.3)  # the 64 long texts take seconds on a CPU: the child is mid-batch
     os.kill(child["pid"], signal.SIGKILL)
     caller.join(timeout=30)
     response = result["response"]
