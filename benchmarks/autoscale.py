@@ -46,6 +46,8 @@ import requests
 
 from benchmarks.loadgen import CORPUS, HERE, Result, Run, _Http, _measured
 from benchmarks.sweep import free_port
+from inference.keys import WORKERS_KEY
+from observability.keys import GAUGES_KEY
 
 ROOT = HERE.parent
 OUT = HERE / "out"
@@ -152,11 +154,11 @@ class PoolWatch:
         pids = {p.pid for p in self.main.children()}
         now = time.time()
         beating = 0
-        for value in self.client.hvals("inference:workers"):
+        for value in self.client.hvals(WORKERS_KEY):
             entry = json.loads(value)
             if entry.get("dispatcher") == self.dispatcher and entry.get("pid") in pids and now - entry["ts"] < 6:
                 beating += 1
-        wait = self.client.hget("metrics:gauges", f"gauge|{self.queue}|predicted_wait_s")
+        wait = self.client.hget(GAUGES_KEY, f"gauge|{self.queue}|predicted_wait_s")
         return time.monotonic(), len(pids), beating, float(wait) if wait is not None else None
 
     def _run(self) -> None:

@@ -16,6 +16,7 @@ from collections import Counter
 import redis
 
 from benchmarks.loadgen import HERE, closed_loop
+from inference.keys import stats_key
 
 
 def default_token() -> str:
@@ -30,7 +31,7 @@ def default_token() -> str:
 
 def worker_stats(redis_url: str, model: str) -> dict[str, int]:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
-    return {k: int(v) for k, v in client.hgetall(f"inference:stats:{model}").items()}
+    return {k: int(v) for k, v in client.hgetall(stats_key(model)).items()}
 
 
 def main() -> None:

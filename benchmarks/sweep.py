@@ -139,7 +139,7 @@ def rss_mb(procs: list[psutil.Process]) -> dict[str, float]:
 def queue_depth(client: redis.Redis | None, seconds: int) -> float | None:
     if client is None:
         return None
-    from platform_ import metrics
+    from observability import metrics
 
     samples = [
         b["gauge|online|waiting"] + b.get("gauge|online|in_flight", 0.0)

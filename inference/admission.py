@@ -27,8 +27,16 @@ from dataclasses import dataclass
 import redis
 import redis.asyncio as aredis
 
+from inference.keys import (
+    DISPATCHERS_KEY,
+    WORKERS_KEY,
+    backlog_key,
+    backlog_keys,
+    last_rate_key,
+    rate_key,
+)
 from inference.registry import ModelSpec
-from inference.workers import DISPATCHERS_KEY, WORKERS_KEY, drain_rate_per_s, rate_key, serving_workers
+from inference.workers import drain_rate_per_s, serving_workers
 
 # Shared by both scripts: drop the entries of `ids` from the token totals (KEYS[2] id -> "cost:client",
 # KEYS[3] "all" and "c:<client>" -> tokens).
@@ -126,23 +134,6 @@ LAST_RATE_TTL_S = 24 * 3600
 ALONE_SHARE = 0.8
 
 
-def backlog_key(model: str) -> str:
-    return f"inference:backlog:{model}"
-
-
-def backlog_cost_key(model: str) -> str:
-    return f"inference:backlog:{model}:cost"
-
-
-def backlog_tokens_key(model: str) -> str:
-    return f"inference:backlog:{model}:tokens"
-
-
-def backlog_keys(model: str) -> list[str]:
-    """The three keys every admission script takes, in their KEYS order: entries, costs, token totals."""
-    return [backlog_key(model), backlog_cost_key(model), backlog_tokens_key(model)]
-
-
 def online_in_flight(client, models: list[str]) -> int:
     """Online requests admitted and not yet answered, over `models` (sync: for worker children)."""
     now = time.time()
@@ -150,11 +141,6 @@ def online_in_flight(client, models: list[str]) -> int:
     for model in models:
         pipe.zcount(backlog_key(model), now, "+inf")  # entries past their deadline are gone callers
     return sum(pipe.execute())
-
-
-def last_rate_key(model: str) -> str:
-    """Tokens per busy child-second last measured for `model`: the estimate after an idle spell."""
-    return f"inference:rate:last-tokens:{model}"
 
 
 @dataclass(frozen=True)

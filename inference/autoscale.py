@@ -10,7 +10,7 @@ registers them as reserved, so Celery's autoscaler sees 0 whatever the load and 
 What matters to a caller is how long its request will wait: the queue's admitted backlog in tokens
 over the drain rate measured in tokens per busy child-second, shared by the children serving it
 (`inference.queues.predicted_wait_s`). The metrics sampler (platform_/sampler.py) writes it once a
-second per online queue into `platform_.metrics.GAUGES_KEY`; the autoscaler of each online worker
+second per online queue into `observability.keys.GAUGES_KEY`; the autoscaler of each online worker
 reads it from its main process (its event loop, every AUTOSCALE_INTERVAL_S) and decides with
 `target_procs`, a pure function:
 
@@ -52,10 +52,11 @@ import redis
 from celery.worker.autoscale import Autoscaler
 from django.conf import settings
 
-from inference.workers import WORKERS_KEY, alive_workers, dispatcher_id
+from inference.keys import WORKERS_KEY
+from inference.workers import alive_workers, dispatcher_id
+from observability.keys import GAUGES_KEY
 from platform_.celery import ONLINE_QUEUE, is_online_queue
 from platform_.celery import app as celery_app
-from platform_.metrics import GAUGES_KEY
 from platform_.redis import get_redis
 
 logger = logging.getLogger(__name__)

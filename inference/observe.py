@@ -17,7 +17,7 @@ from typing import Any
 from django.conf import settings
 
 from inference.models import SlowRequest
-from platform_ import metrics
+from observability import metrics
 from platform_.db import run_db
 from platform_.redis import get_async_redis
 

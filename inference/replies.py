@@ -14,11 +14,9 @@ from typing import Any
 import redis
 import redis.asyncio as aredis
 
+from inference.keys import reply_key
+
 REPLY_TTL_S = 60
-
-
-def reply_key(task_id: str) -> str:
-    return f"inference:reply:{task_id}"
 
 
 def queue_replies(pipe: redis.client.Pipeline, replies: dict[str, dict[str, Any]]) -> None:

@@ -17,10 +17,10 @@ from inference.registry import get_registry
 from inference.replies import queue_replies
 from inference.serving import part_of, serve_online
 from inference.workers import record_batch
+from observability.sampler import tick as sample_tick
 from platform_.celery import app
 from platform_.periodic import Periodic
 from platform_.redis import get_redis
-from platform_.sampler import sample_and_trim
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ _sampler: Periodic | None = None
 def _start_sampler(**_: Any) -> None:
     """Every worker's main process samples queue depths; a Redis lock keeps it to one sample a second."""
     global _sampler
-    _sampler = Periodic("metrics-sampler", 1.0, sample_and_trim)
+    _sampler = Periodic("metrics-sampler", 1.0, sample_tick)
     _sampler.start()
 
 

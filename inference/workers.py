@@ -18,23 +18,11 @@ from typing import Any
 import redis
 
 from inference import gpu
-from platform_ import metrics
+from inference.keys import DISPATCHERS_KEY, WORKERS_KEY, rate_key, stats_key
+from observability import metrics
 from platform_.redis import Increments
 
-WORKERS_KEY = "inference:workers"
-# Each worker's main process (the dispatcher: it consumes the queue and hands batches to children)
-# beats here too. Children keep beating while their main process is stopped or wedged, so children
-# alone would say "serving" while nothing is dispatched and every admitted request ends in 504.
-DISPATCHERS_KEY = "inference:dispatchers"
 BUCKET_TTL_S = 15 * 60
-
-
-def stats_key(model: str) -> str:
-    return f"inference:stats:{model}"
-
-
-def rate_key(model: str, second: int) -> str:
-    return f"inference:rate:{model}:{second}"
 
 
 @dataclass

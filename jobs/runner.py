@@ -21,8 +21,9 @@ from inference.batching import group_by
 from inference.registry import get_registry
 from jobs import lifecycle
 from jobs.ingest import row_error
+from jobs.keys import OFFLINE_YIELD_FIELD, offline_inference_field, offline_rows_field
 from jobs.models import RUNNABLE, Chunk, Job, JobRow, RowStatus
-from platform_ import metrics
+from observability import metrics
 from platform_.redis import get_redis
 
 logger = logging.getLogger(__name__)
@@ -70,7 +71,10 @@ class ResultWriter:
         self.cancelled |= JobRow.objects.complete(updates, _ROW_FIELDS)
         written = sum(1 for row in updates if row.job_id not in self.cancelled)
         done = passes[indices[0]]
-        metrics.record(get_redis(), {f"orows|{self.model}": written, f"oinfer_s|{self.model}": done.end - done.start})
+        metrics.record(
+            get_redis(),
+            {offline_rows_field(self.model): written, offline_inference_field(self.model): done.end - done.start},
+        )
         if time.monotonic() - self._last_progress >= _PROGRESS_EVERY_S:
             self.progress()
 
@@ -132,7 +136,7 @@ def _yield_to_online() -> int | None:
     try:
         waited = yield_to_online(in_flight, settings.JOBS_YIELD_MAX_MS / 1000)
         if waited >= 0.001:
-            metrics.record(get_redis(), {"oyield_s|all": waited})
+            metrics.record(get_redis(), {OFFLINE_YIELD_FIELD: waited})
     except redis.RedisError:  # yielding is a courtesy: a Redis blip must not fail the batch
         logger.warning("could not check online traffic; this pass does not wait for it", exc_info=True)
         return None

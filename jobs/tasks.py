@@ -9,6 +9,7 @@ from django.conf import settings
 
 from inference import worker_process
 from inference.batching import AdaptiveBatches
+from jobs.keys import RECONCILER
 from jobs.lifecycle import run_ingest
 from jobs.reconcile import reconcile
 from jobs.runner import requeue_lost, run_chunks
@@ -62,7 +63,7 @@ def _lower_priority(**_: Any) -> None:
 def _start_reconciler(**_: Any) -> None:
     global _reconciler
     if worker_role() == "offline":
-        _reconciler = Periodic("jobs-reconciler", settings.JOBS_RECONCILE_S, reconcile)
+        _reconciler = Periodic(RECONCILER, settings.JOBS_RECONCILE_S, reconcile)
         _reconciler.start()
 
 

@@ -9,7 +9,6 @@ from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from platform_ import dashboard, prometheus
 from platform_.auth_throttle import throttle_login
 
 urlpatterns = [
@@ -29,9 +28,7 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="/accounts/login/"), name="logout"),
     path("admin/logout/", auth_views.LogoutView.as_view(next_page="/accounts/login/")),
     path("admin/", admin.site.urls),
-    path("dashboard/", dashboard.dashboard, name="dashboard"),
-    path("dashboard/data.json", dashboard.dashboard_json, name="dashboard-data"),
-    path("metrics", prometheus.metrics_view, name="metrics"),
+    path("", include("observability.urls")),  # /dashboard/, /dashboard/data.json, /metrics
     path("api/v1/", include("inference.api.urls")),
     path("api/v1/", include("jobs.api.urls")),
     path("jobs/", include("jobs.urls")),

@@ -22,6 +22,7 @@ import requests
 import yaml
 
 from benchmarks.tiny_bert import MINILM, build_tiny_classifier
+from inference.keys import WORKERS_KEY, stats_key
 
 ROOT = Path(__file__).resolve().parent.parent
 TIGHT_BACKLOG = 4
@@ -227,14 +228,14 @@ class Stack:
         import json as _json
 
         now = time.time()
-        entries = [_json.loads(v) for v in self.redis.hgetall("inference:workers").values()]
+        entries = [_json.loads(v) for v in self.redis.hgetall(WORKERS_KEY).values()]
         return [e for e in entries if e["queue"] == queue and now - e["ts"] <= 3 * HEARTBEAT_S]
 
     def online_children(self) -> list[dict]:
         return self.children("online")
 
     def stats(self, model: str) -> dict[str, int]:
-        return {k: int(v) for k, v in self.redis.hgetall(f"inference:stats:{model}").items()}
+        return {k: int(v) for k, v in self.redis.hgetall(stats_key(model)).items()}
 
 
 def _start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:

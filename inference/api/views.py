@@ -24,15 +24,16 @@ from rest_framework.response import Response
 from inference import online
 from inference.admission import Decision
 from inference.api.auth import authenticate
+from inference.keys import DISPATCHERS_KEY, WORKERS_KEY
 from inference.observe import observe
 from inference.registry import get_registry
 from inference.validation import parse_deadline_ms, parse_json_body, validate_inputs
-from inference.workers import DISPATCHERS_KEY, WORKERS_KEY, serving_workers
+from inference.workers import serving_workers
+from observability.metrics import STAGES
 from platform_.errors import ApiError
 from platform_.redis import get_redis
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-_STAGES = ("admission", "queue_wait", "batch_wait", "inference", "postprocess", "total")
 
 
 def _request_id(given: str | None) -> str:
@@ -41,7 +42,7 @@ def _request_id(given: str | None) -> str:
 
 
 def server_timing(timing: dict[str, Any]) -> str:
-    return ", ".join(f"{stage};dur={timing[f'{stage}_ms']:.3f}" for stage in _STAGES if f"{stage}_ms" in timing)
+    return ", ".join(f"{stage};dur={timing[f'{stage}_ms']:.3f}" for stage in STAGES if f"{stage}_ms" in timing)
 
 
 async def _predict(request: Any, name: str, request_id: str, started_at: float, seen: dict[str, Any]) -> JsonResponse:

@@ -12,9 +12,10 @@ import uuid
 import pytest
 import redis.asyncio as aredis
 
-from inference.admission import Admission, backlog_key, backlog_keys, retry_after_s
+from inference.admission import Admission, retry_after_s
+from inference.keys import DISPATCHERS_KEY, WORKERS_KEY, backlog_key, backlog_keys, backlog_tokens_key, rate_key
 from inference.registry import ModelSpec
-from inference.workers import DISPATCHERS_KEY, WORKERS_KEY, drain_rate_per_s, rate_key
+from inference.workers import drain_rate_per_s
 
 
 def test_retry_after_follows_the_drain_rate():
@@ -114,7 +115,7 @@ def test_expired_entries_do_not_hold_the_backlog_nor_their_tokens(redis_url, mod
         await asyncio.sleep(0.1)
         decision = await admission.admit(spec, "next", time.time() + 5, cost=100)
         await admission.release(model_name, "next")
-        leftover = await client.hgetall(f"inference:backlog:{model_name}:tokens")
+        leftover = await client.hgetall(backlog_tokens_key(model_name))
         await client.aclose()
         return decision, leftover
 

@@ -15,10 +15,10 @@ import pytest
 import redis
 from kombu.asynchronous.timer import Timer
 
-from inference.admission import backlog_tokens_key, last_rate_key
 from inference.autoscale import Policy, PredictedWaitAutoscaler, is_low, read_gauges, ready_children, target_procs
-from inference.workers import WORKERS_KEY, alive_workers
-from platform_.metrics import GAUGES_KEY
+from inference.keys import WORKERS_KEY, backlog_tokens_key, last_rate_key
+from inference.workers import alive_workers
+from observability.keys import GAUGES_KEY
 from tests.conftest import _start, _stop, wait_until
 
 POLICY = Policy(grow_wait_s=0.5, shrink_wait_s=0.2, keepalive_s=30.0)

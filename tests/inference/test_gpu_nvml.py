@@ -10,8 +10,9 @@ import pynvml
 import pytest
 
 from inference import gpu
+from inference.diagnosis import gpu_status
 from inference.workers import WorkerState
-from platform_.diagnosis import Snapshot, diagnose, gpu_status, not_evaluated, report
+from observability.diagnosis import Snapshot, diagnose, not_evaluated, report
 
 
 def _nvml_answers() -> bool:
@@ -146,7 +147,7 @@ def test_with_gpu_figures_the_rule_is_evaluated():
 def test_a_live_cpu_worker_reports_its_device_and_no_gpu(stack):
     """The stack's real worker children on this CPU host: device cpu, gpu "cpu device", and the
     diagnosis read from the live Redis says the GPU rule was not evaluated, with that reason."""
-    from platform_.diagnosis import snapshot
+    from observability.diagnosis import snapshot
     from tests.conftest import wait_until
 
     wait_until(lambda: stack.online_children(), 30, "an online child")

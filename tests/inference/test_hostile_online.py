@@ -21,8 +21,8 @@ import pytest
 import redis
 import requests
 
+from inference.keys import backlog_key, reply_key
 from inference.publish import task_message
-from inference.replies import reply_key
 from tests.conftest import _start, _stop, free_port, wait_until
 
 pytestmark = pytest.mark.integration
@@ -65,7 +65,7 @@ def test_poison_that_reaches_a_worker_fails_only_its_own_request(stack):
     try:
         with ThreadPoolExecutor(6) as pool:
             good = [pool.submit(stack.predict, "router", [f"where is my refund {i}"]) for i in range(6)]
-            wait_until(lambda: stack.redis.zcard("inference:backlog:router") >= 6, 10, "the good requests admitted")
+            wait_until(lambda: stack.redis.zcard(backlog_key("router")) >= 6, 10, "the good requests admitted")
             stack.redis.lpush("online.router", task_message(poison_id, "online.router", kwargs))
             stack.resume_worker()
             answers = [f.result() for f in good]

@@ -17,10 +17,10 @@ import pytest
 import redis
 import requests
 
-from inference.admission import backlog_cost_key, backlog_key, backlog_keys, backlog_tokens_key, queue_purge
+from inference.admission import queue_purge
+from inference.keys import WORKERS_KEY, backlog_cost_key, backlog_key, backlog_keys, backlog_tokens_key, reply_key
 from inference.publish import task_message
 from inference.registry import ModelSpec
-from inference.replies import reply_key
 from inference.tokens import token_counts
 from platform_.redis import Increments
 from tests.conftest import MINILM, _start, _stop, wait_until
@@ -118,10 +118,8 @@ def test_a_worker_that_shuts_down_hands_back_the_requests_it_held(stack, redis_u
     env = {**stack.env, "REDIS_URL": own_db, "WORKER_QUEUE": "online", "WORKER_MODELS": "identity"}
     worker = _start(command, env, tmp_path / "worker.log")
     try:
-        assert wait_for(lambda: client.hlen("inference:workers") == 1, timeout_s=60), (
-            tmp_path / "worker.log"
-        ).read_text()
-        child = json.loads(next(iter(client.hvals("inference:workers"))))["pid"]
+        assert wait_for(lambda: client.hlen(WORKERS_KEY) == 1, timeout_s=60), (tmp_path / "worker.log").read_text()
+        child = json.loads(next(iter(client.hvals(WORKERS_KEY))))["pid"]
         os.kill(child, signal.SIGSTOP)  # busy: the first request goes to it, the rest wait in the dispatcher
         ids = [f"handback-{i}" for i in range(20)]
 
@@ -182,7 +180,7 @@ def test_expired_entries_leave_the_backlog_with_their_tokens(redis_client):
 
 @pytest.mark.django_db
 def test_the_sampler_purges_through_admission_so_tokens_do_not_leak(redis_client, settings):
-    from platform_.sampler import queue_depths
+    from inference.monitoring import queue_depths
 
     model = "identity"
     keys = backlog_keys(model)

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from inference.keys import backlog_key
 from tests.conftest import TIGHT_BACKLOG, wait_until
 
 pytestmark = pytest.mark.integration
@@ -108,9 +109,7 @@ def test_backlog_full_answers_503_with_retry_after_and_the_limit(stack):
     try:
         with ThreadPoolExecutor(TIGHT_BACKLOG) as pool:
             waiting = [pool.submit(stack.predict, "router-tight", [f"text {i}"], token=t) for i, t in enumerate(tokens)]
-            wait_until(
-                lambda: stack.redis.zcard("inference:backlog:router-tight") == TIGHT_BACKLOG, 10, "a full backlog"
-            )
+            wait_until(lambda: stack.redis.zcard(backlog_key("router-tight")) == TIGHT_BACKLOG, 10, "a full backlog")
             refused = stack.predict("router-tight", ["one too many"], token=stack.third_token)
             stack.resume_worker()
             accepted = [f.result() for f in waiting]
@@ -133,7 +132,7 @@ def test_deadline_that_cannot_be_met_answers_503_before_queueing(stack):
     try:
         with ThreadPoolExecutor(8) as pool:
             waiting = [pool.submit(stack.predict, "router", [f"queued {i}"]) for i in range(8)]
-            wait_until(lambda: stack.redis.zcard("inference:backlog:router") >= 8, 10, "8 requests in the backlog")
+            wait_until(lambda: stack.redis.zcard(backlog_key("router")) >= 8, 10, "8 requests in the backlog")
 
             def refused_in_a_hurry() -> tuple[requests.Response, int] | None:
                 queued_before = stack.redis.llen("online.router")
@@ -298,7 +297,7 @@ def test_schema_documents_predict_and_docs_need_no_cdn(stack):
 def test_a_caller_that_hangs_up_stays_counted_until_its_deadline(stack):
     """Its request is still queued and will take the model's time, so admission keeps counting it
     (a send-and-hang-up loop must not bypass admission), but only until its deadline."""
-    live = lambda: stack.redis.zcount("inference:backlog:router", time.time(), "+inf")  # noqa: E731
+    live = lambda: stack.redis.zcount(backlog_key("router"), time.time(), "+inf")  # noqa: E731
     stack.pause_worker()
     try:
         stack.hang_up("router", "nobody will wait for this", deadline_ms=2500, after_s=1.0)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import redis
 
+from inference.keys import WORKERS_KEY, reply_key
 from inference.publish import task_message
 from inference.queues import expand, online_queues, predicted_wait_s, served_models
 from inference.registry import RegistryError, parse_registry
-from inference.replies import reply_key
 from tests.conftest import _start, _stop
 
 DEFAULTS = {"device": "cpu", "torch_threads": 1, "max_backlog": 8}
@@ -90,9 +90,9 @@ def test_a_worker_given_one_queue_takes_only_that_models_requests(stack, redis_u
 
     try:
         deadline = time.monotonic() + 60
-        while client.hlen("inference:workers") < 1 and time.monotonic() < deadline:
+        while client.hlen(WORKERS_KEY) < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
-        children = [json.loads(v) for v in client.hvals("inference:workers")]
+        children = [json.loads(v) for v in client.hvals(WORKERS_KEY)]
         assert children, log.read_text()[-3000:]
         client.lpush("online.router", message("for-router", "router"))
         client.lpush("online.identity", message("for-identity", "identity"))

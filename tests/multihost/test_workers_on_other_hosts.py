@@ -21,7 +21,7 @@ import psycopg
 import pytest
 import requests
 
-from inference.admission import backlog_key
+from inference.keys import backlog_key
 from tests.conftest import wait_until
 from tests.multihost.conftest import DISPATCHER_HEARTBEAT_S, JOB_CHUNK_ROWS, Cluster
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import redis
 
+from inference.keys import DISPATCHERS_KEY, WORKERS_KEY
 from tests.conftest import _start, _stop
 
 
@@ -31,8 +32,8 @@ def test_a_worker_consuming_the_offline_queue_announces_itself_as_offline(stack,
     env = {k: v for k, v in stack.env.items() if k != "WORKER_QUEUE"}
     worker = _start(command, {**env, "REDIS_URL": own_db, "WORKER_MODELS": "identity"}, tmp_path / "worker.log")
     try:
-        children = wait_for(lambda: [json.loads(v) for v in client.hvals("inference:workers")])
-        dispatchers = wait_for(lambda: [json.loads(v) for v in client.hvals("inference:dispatchers")])
+        children = wait_for(lambda: [json.loads(v) for v in client.hvals(WORKERS_KEY)])
+        dispatchers = wait_for(lambda: [json.loads(v) for v in client.hvals(DISPATCHERS_KEY)])
     finally:
         _stop(worker)
         client.flushdb()

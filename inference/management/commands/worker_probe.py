@@ -30,7 +30,7 @@ import redis
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from inference.workers import DISPATCHERS_KEY, WORKERS_KEY
+from inference.keys import DISPATCHERS_KEY, WORKERS_KEY
 
 REDIS_TIMEOUT_S = 2.0
 MISSED_BEATS = 3  # as everywhere else: three missed beats and a process counts as gone (inference/workers.py)

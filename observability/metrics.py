@@ -10,7 +10,8 @@ independently, the dashboard needs short-term history (percentiles over the last
 - one lifetime hash (`metrics:total`) with the same counters, from which /metrics renders
   Prometheus counters and cumulative histograms.
 
-Field names are `kind|model|name` so one hash per second holds every model.
+Field names are `kind|model|name` so one hash per second holds every model; the key names are in
+observability/keys.py.
 """
 
 from __future__ import annotations
@@ -20,17 +21,17 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from observability.keys import TOTAL_KEY, second_key
+
 HISTORY_S = 20 * 60
-TOTAL_KEY = "metrics:total"
-GAUGES_KEY = "metrics:gauges"
+# The timing stages of an online request, in the order they happen: the one list (Server-Timing,
+# the slow-request log, the latency histograms and the tests all read it).
 STAGES = ("admission", "queue_wait", "batch_wait", "inference", "postprocess", "total")
+# Status classes of online answers: what the dashboard charts and /metrics labels (`status`).
+STATUS_CLASSES = ("2xx", "4xx", "429", "503", "504", "5xx")
 # Upper bounds in seconds, fitted to this range: a few ms of overhead up to multi-second overload.
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 4.0, 7.0, 12.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
-
-
-def second_key(second: int) -> str:
-    return f"metrics:s:{second}"
 
 
 def latency_bucket(seconds: float) -> int:
@@ -42,9 +43,24 @@ def size_bucket(size: int) -> int:
     return bisect.bisect_left(BATCH_SIZE_BUCKETS, size)
 
 
+def status_class(outcome: str) -> str:
+    """The status class of an outcome label (inference/observe.py: "ok", "400", "503_<reason>", "504"...).
+
+    429, 503 and 504 stay apart from their class: they are the platform refusing or giving up (a
+    client over its share, admission, a deadline), not a client's mistake or a bug.
+    """
+    if outcome == "ok" or outcome.startswith("2"):
+        return "2xx"
+    code = outcome.split("_", 1)[0]
+    if code in ("429", "503", "504"):
+        return code
+    return "4xx" if code.startswith("4") else "5xx"
+
+
 def request_fields(model: str, outcome: str, timing_ms: Mapping[str, float]) -> dict[str, float]:
-    """Counter increments for one online request: its outcome and each stage's histogram bucket."""
-    fields: dict[str, float] = {f"req|{model}|{outcome}": 1}
+    """Counter increments for one online request: its outcome, its status class (all models together,
+    for the dashboard's charts) and each stage's histogram bucket."""
+    fields: dict[str, float] = {f"req|{model}|{outcome}": 1, f"status|{status_class(outcome)}": 1}
     for stage in STAGES:
         value_ms = timing_ms.get(f"{stage}_ms")
         if value_ms is None:
@@ -144,6 +160,13 @@ class Window:
         return sorted(
             {k.split("|")[1] for k in self.counters if "|" in k and k.split("|")[0] in ("req", "passes", "orows")}
         )
+
+    def by_status(self) -> dict[str, float]:
+        """Requests per status class (from the outcomes, so it also reads windows older than `status|`)."""
+        counts = dict.fromkeys(STATUS_CLASSES, 0.0)
+        for name, value in self.matching("req|").items():
+            counts[status_class(name.split("|")[2])] += value
+        return counts
 
     def requests(self, model: str | None = None, outcome: str | None = None) -> float:
         total = 0.0

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from platform_ import metrics
-from platform_.prometheus import render
+from observability import metrics
+from observability.keys import TOTAL_KEY, second_key
+from observability.prometheus import render
 
 
 def test_request_fields_put_each_stage_in_its_bucket():
     fields = metrics.request_fields("router", "ok", {"total_ms": 30.0, "inference_ms": 12.0})
-    assert fields["req|router|ok"] == 1
+    assert fields["req|router|ok"] == 1 and fields["status|2xx"] == 1
     assert fields[f"lat|router|total|{metrics.latency_bucket(0.030)}"] == 1
     assert metrics.LATENCY_BUCKETS_S[metrics.latency_bucket(0.030)] == 0.035
     assert fields["latsum|router|inference"] == pytest.approx(0.012)
@@ -49,19 +51,52 @@ def test_prometheus_text_has_counters_cumulative_histograms_and_gauges():
         f"bsize|router|{metrics.size_bucket(3)}": 4,
         "pass_texts|router": 12,
         "orows|router": 100,
+        "passes|router": 4,
+        "fill|router": 1.5,
     }
-    gauges = {"gauge|online|waiting": 3, "gauge|workers|online": 2, "gauge|rss_mb|online": 100}
+    gauges = {
+        "gauge|online|waiting": 3,
+        "gauge|workers|online": 2,
+        "gauge|rss_mb|online": 100,
+        "gauge|host|cpu_pct": 97,
+    }
     text = render(totals, gauges)
-    assert 'inference_requests_total{model="router",outcome="ok"} 7' in text
-    assert 'inference_admission_refusals_total{model="router",reason="backlog_full"} 2' in text
-    assert 'inference_stage_latency_seconds_bucket{model="router",stage="total",le="0.02"} 5' in text
-    assert 'inference_stage_latency_seconds_bucket{model="router",stage="total",le="+Inf"} 7' in text
-    assert 'inference_stage_latency_seconds_count{model="router",stage="total"} 7' in text
-    assert 'inference_batch_size_bucket{model="router",le="4"} 4' in text
-    assert 'offline_rows_total{model="router"} 100' in text
-    assert 'platform_queue_depth{queue="online",state="waiting"} 3' in text
-    assert 'platform_worker_processes{queue="online"} 2' in text
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    assert value("inference_requests_total", model="router", outcome="ok", status="2xx") == 7
+    assert value("inference_requests_total", model="router", outcome="503_backlog_full", status="503") == 2
+    assert value("inference_admission_refusals_total", model="router", reason="backlog_full") == 2
+    assert value("inference_stage_latency_seconds_bucket", model="router", stage="total", le="0.02") == 5
+    assert value("inference_stage_latency_seconds_bucket", model="router", stage="total", le="+Inf") == 7
+    assert value("inference_stage_latency_seconds_count", model="router", stage="total") == 7
+    assert value("inference_stage_latency_seconds_sum", model="router", stage="total") == pytest.approx(0.7)
+    assert value("inference_batch_size_bucket", model="router", le="4") == 4
+    assert value("inference_batch_fill_ratio_sum", model="router") == pytest.approx(1.5)
+    assert value("inference_batch_fill_ratio_count", model="router") == 4
+    assert value("offline_rows_total", model="router") == 100
+    assert value("platform_queue_depth", queue="online", state="waiting") == 3
+    assert value("platform_worker_processes", queue="online") == 2
+    assert value("platform_host_cpu_percent") == 97
     assert "# TYPE inference_stage_latency_seconds histogram" in text
+    # The names the KEDA trigger and the docs query, exactly as written there.
+    assert 'platform_queue_depth{queue="online",state="waiting"} 3.0' in text
+
+
+@pytest.mark.parametrize(
+    ("outcome", "status"),
+    [("ok", "2xx"), ("400", "4xx"), ("413", "4xx"), ("429", "429"), ("503_backlog_full", "503"),
+     ("503_broker_unavailable", "503"), ("504", "504"), ("500", "5xx")],
+)  # fmt: skip
+def test_each_outcome_has_its_status_class(outcome, status):
+    assert metrics.status_class(outcome) == status
+    assert metrics.request_fields("m", outcome, {})[f"status|{status}"] == 1
 
 
 def test_accumulator_sums_per_second_and_writes_both_hashes_in_one_flush(redis_url, redis_client):
@@ -74,7 +109,7 @@ def test_accumulator_sums_per_second_and_writes_both_hashes_in_one_flush(redis_u
     accumulator.add({"req|acc|ok": 1, "latsum|acc|total": 0.25}, now=second + 0.1)
     accumulator.add({"req|acc|ok": 1, "latsum|acc|total": 0.5}, now=second + 0.9)
     accumulator.add({"req|acc|503_deadline": 1}, now=second + 1.2)
-    before = float(redis_client.hget(metrics.TOTAL_KEY, "req|acc|ok") or 0)
+    before = float(redis_client.hget(TOTAL_KEY, "req|acc|ok") or 0)
 
     async def flush() -> None:
         client = aredis.Redis.from_url(redis_url)
@@ -83,7 +118,7 @@ def test_accumulator_sums_per_second_and_writes_both_hashes_in_one_flush(redis_u
 
     asyncio.run(flush())
     assert not accumulator
-    first = redis_client.hgetall(metrics.second_key(second))
+    first = redis_client.hgetall(second_key(second))
     assert first["req|acc|ok"] == "2" and float(first["latsum|acc|total"]) == pytest.approx(0.75)
-    assert redis_client.hget(metrics.second_key(second + 1), "req|acc|503_deadline") == "1"
-    assert float(redis_client.hget(metrics.TOTAL_KEY, "req|acc|ok")) == before + 2
+    assert redis_client.hget(second_key(second + 1), "req|acc|503_deadline") == "1"
+    assert float(redis_client.hget(TOTAL_KEY, "req|acc|ok")) == before + 2

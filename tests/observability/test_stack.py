@@ -10,13 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from observability.keys import TOTAL_KEY
 from tests.conftest import ROOT, wait_until
 
 pytestmark = pytest.mark.integration
 
 
 def totals(stack) -> dict[str, float]:
-    return {k: float(v) for k, v in stack.redis.hgetall("metrics:total").items()}
+    return {k: float(v) for k, v in stack.redis.hgetall(TOTAL_KEY).items()}
 
 
 def delta(after: dict, before: dict, name: str) -> float:

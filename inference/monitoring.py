@@ -1,32 +1,29 @@
-"""Once a second, writes the gauges no request carries: queue depths, workers alive, worker memory.
+"""What the online path tells observability: its gauges, its dashboard section, slow-log retention.
 
-Runs in every Celery worker's main process (platform_/periodic.py, started in inference/tasks.py);
-a Redis lock makes one sample per second whichever workers are up. Queue depth is the first warning of a jam,
-so it is sampled even when nobody watches the dashboard.
+Registered in InferenceConfig.ready(); the sampler (observability/sampler.py) calls the gauges once
+a second from a worker's main process, the dashboard calls the section on each poll.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from django.conf import settings
 
-from inference.admission import backlog_tokens_key, last_rate_key, queue_purge
+from inference.admission import queue_purge
+from inference.keys import WORKERS_KEY, backlog_tokens_key, last_rate_key
 from inference.queues import online_queues, predicted_wait_s
 from inference.registry import get_registry
-from inference.workers import WORKERS_KEY, alive_workers
-from platform_.metrics import GAUGES_KEY, HISTORY_S, second_key
-from platform_.redis import get_redis
+from inference.workers import alive_workers
+from observability.keys import GAUGES_KEY
 
 # A queue with work and no child to do it predicts an infinite wait; a gauge holds a number.
 PREDICTED_WAIT_CAP_S = 3600.0
 
 
 def queue_depths(client) -> dict[str, float]:
-    """Online: waiting in the broker vs admitted in total, per model queue and summed; offline: chunks
-    queued vs running (the database is the truth)."""
-    from jobs.models import Chunk, ChunkStatus
-
+    """Waiting in the broker vs admitted in total, per online model queue and summed, and the predicted wait."""
     now = time.time()
     queues = online_queues(get_registry())
     models = [model for group in queues.values() for model in group]
@@ -55,14 +52,10 @@ def queue_depths(client) -> dict[str, float]:
         wait_s = predicted_wait_s({m: tokens[m] for m in group}, rates, children[name])
         if wait_s is not None:
             gauges[f"gauge|{name}|predicted_wait_s"] = min(wait_s, PREDICTED_WAIT_CAP_S)
-    offline_waiting = Chunk.objects.filter(status=ChunkStatus.QUEUED).count()
-    offline_running = Chunk.objects.filter(status=ChunkStatus.RUNNING).count()
     return {
         "gauge|online|waiting": sum(waiting.values()),
         "gauge|online|in_flight": sum(gauges[f"gauge|{name}|in_flight"] for name in queues),
         **gauges,
-        "gauge|offline|waiting": offline_waiting,
-        "gauge|offline|in_flight": offline_running,
     }
 
 
@@ -74,6 +67,7 @@ def serving_children(client, queues: dict[str, list[str]]) -> dict[str, int]:
 
 
 def worker_gauges(client) -> dict[str, float]:
+    """Children alive, their memory, CPU and GPU use, per queue (online, offline) and per online queue."""
     workers = alive_workers(client.hgetall(WORKERS_KEY), settings.WORKER_HEARTBEAT_S)
     gauges: dict[str, float] = {}
     for name, count in serving_children(client, online_queues(get_registry())).items():
@@ -89,35 +83,70 @@ def worker_gauges(client) -> dict[str, float]:
     return gauges
 
 
-def sample_once(client=None) -> dict[str, float]:
-    client = client or get_redis()
-    gauges = {**queue_depths(client), **worker_gauges(client)}
-    key = second_key(int(time.time()))
-    pipe = client.pipeline(transaction=False)
-    pipe.hset(key, mapping=gauges)
-    pipe.expire(key, HISTORY_S)
-    pipe.hset(GAUGES_KEY, mapping={**gauges, "sampled_at": time.time()})
-    pipe.execute()
-    return gauges
+def gauges(client) -> dict[str, float]:
+    return {**queue_depths(client), **worker_gauges(client)}
 
 
-def trim_slow_log(keep: int) -> int:
-    """Bounded retention: keep the newest `keep` slow-request rows."""
+def trim_slow_log(keep: int | None = None) -> int:
+    """Bounded retention: keep the newest `keep` slow-request rows (SLOW_REQUEST_KEEP)."""
     from inference.models import SlowRequest
 
+    keep = settings.SLOW_REQUEST_KEEP if keep is None else keep
     cutoff = SlowRequest.objects.order_by("-created_at").values_list("created_at", flat=True)[keep : keep + 1]
     if not cutoff:
         return 0
     return SlowRequest.objects.filter(created_at__lte=cutoff[0]).delete()[0]
 
 
-_last_trim = 0.0
+def dashboard_section(client, now: float) -> dict[str, Any]:
+    """Each online queue, every worker child (with its last heartbeat and start), the slow-request log."""
+    from inference.models import SlowRequest
 
-
-def sample_and_trim() -> None:
-    """The sampler's tick: gauges every second, slow-log retention once a minute."""
-    global _last_trim
-    sample_once()
-    if time.time() - _last_trim >= 60:
-        _last_trim = time.time()
-        trim_slow_log(settings.SLOW_REQUEST_KEEP)
+    gauges = {k: float(v) for k, v in client.hgetall(GAUGES_KEY).items()}
+    workers = alive_workers(client.hgetall(WORKERS_KEY), settings.WORKER_HEARTBEAT_S, now)
+    return {
+        "online_queues": [
+            {
+                "name": name,
+                "models": models,
+                "waiting": gauges.get(f"gauge|{name}|waiting", 0.0),
+                "in_flight": gauges.get(f"gauge|{name}|in_flight", 0.0),
+                "children": gauges.get(f"gauge|workers|{name}", 0.0),
+                "predicted_wait_s": gauges.get(f"gauge|{name}|predicted_wait_s"),
+            }
+            for name, models in online_queues(get_registry()).items()
+        ],
+        "workers": [
+            {
+                "id": w["worker_id"],
+                "queue": w["queue"],
+                "models": w["models"],
+                "state": w["state"],
+                "batches": w["batches"],
+                "cpu_pct": round(w.get("cpu_pct", 0.0), 1),
+                "rss_mb": round(w.get("rss_mb", 0.0)),
+                "device": w.get("device"),
+                "gpu": w.get("gpu"),
+                "gpu_util_pct": w.get("gpu_util_pct"),
+                "gpu_mem_mb": w.get("gpu_mem_mb"),
+                "gpu_mem_total_mb": w.get("gpu_mem_total_mb"),
+                "up_s": round(now - w["started_at"]),
+                "started_at": round(w["started_at"], 3),
+                "last_beat_s_ago": round(max(0.0, now - w["ts"]), 1),
+            }
+            for w in sorted(workers, key=lambda w: (w["queue"], w["worker_id"]))
+        ],
+        "slow": [
+            {
+                "at": r.created_at.isoformat(timespec="seconds"),
+                "request_id": r.request_id,
+                "model": r.model,
+                "status": r.status,
+                "total_ms": round(r.total_ms),
+                "queue_wait_ms": r.queue_wait_ms,
+                "inference_ms": r.inference_ms,
+                "batch_size": r.batch_size,
+            }
+            for r in SlowRequest.objects.all()[:10]
+        ],
+    }

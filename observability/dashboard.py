@@ -1,0 +1,150 @@
+"""The staff dashboard: queue depth, latency, throughput, requests by status, batches, host, workers, jobs.
+
+The page polls `data.json` every 2 s and draws its charts itself (no CDN: a user's network may not
+reach one). Everything comes from the shared Redis metrics and gauges, plus what each app's registered
+dashboard section adds (inference: queues, workers, the slow-request log; jobs: running jobs).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.conf import settings
+from django.contrib.admin.views.decorators import staff_member_required
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+
+from observability import diagnosis, metrics, registry
+from observability.keys import GAUGES_KEY
+from platform_.redis import get_redis
+
+SERIES_S = 15 * 60
+SERIES_STEP_S = 5
+NOW_S = 5  # "now" rates: the last few seconds, so a tile follows a load step within seconds
+MINUTE_S = 60
+FLOWER_NOTE = (
+    "Flower shows every queue (Broker tab: each model's online queue and offline) and the workers, but not individual predictions or chunks: "
+    "celery-batches runs a whole batch as one pool job and sends no per-task events. Per-request "
+    "figures are here and in the slow-request log."
+)
+
+
+def _series(client, now: float) -> dict[str, Any]:
+    """Charts over the last 15 minutes in 5 s steps: answered/s, P50/P95/P99, requests/s by status, depths."""
+    buckets = len(metrics.LATENCY_BUCKETS_S) + 1
+    fields = [f"lat|{m}|total|{i}" for m in _models(client) for i in range(buckets)]
+    fields += [f"status|{c}" for c in metrics.STATUS_CLASSES]
+    fields += ["gauge|online|waiting", "gauge|online|in_flight", "gauge|offline|waiting", "gauge|offline|in_flight"]
+    seconds = metrics.read_seconds(client, SERIES_S, now, fields=fields)
+    out: dict[str, Any] = {k: [] for k in ("t", "qps", "p50_ms", "p95_ms", "p99_ms", "online_depth", "offline_depth")}
+    out["status_per_s"] = {c: [] for c in metrics.STATUS_CLASSES}
+    start = int(now) - SERIES_S + 1
+    for offset in range(0, SERIES_S, SERIES_STEP_S):
+        chunk = seconds[offset : offset + SERIES_STEP_S]
+        counts = [0.0] * buckets
+        by_status = dict.fromkeys(metrics.STATUS_CLASSES, 0.0)
+        online: list[float] = []
+        offline: list[float] = []
+        for second in chunk:
+            for k, v in second.items():
+                if k.startswith("lat|"):
+                    counts[int(k.rsplit("|", 1)[1])] += v
+                elif k.startswith("status|"):
+                    by_status[k.split("|", 1)[1]] += v
+            if "gauge|online|waiting" in second:
+                online.append(second["gauge|online|waiting"] + second.get("gauge|online|in_flight", 0.0))
+            if "gauge|offline|waiting" in second:
+                offline.append(second["gauge|offline|waiting"] + second.get("gauge|offline|in_flight", 0.0))
+        out["t"].append(start + offset)
+        out["qps"].append(round(by_status["2xx"] / SERIES_STEP_S, 2))
+        for pct in (50, 95, 99):
+            value = metrics.histogram_percentile(counts, pct)
+            out[f"p{pct}_ms"].append(None if value is None else round(value * 1000, 1))
+        for c in metrics.STATUS_CLASSES:
+            out["status_per_s"][c].append(round(by_status[c] / SERIES_STEP_S, 2))
+        out["online_depth"].append(max(online) if online else None)
+        out["offline_depth"].append(max(offline) if offline else None)
+    return out
+
+
+def _models(client) -> list[str]:
+    """Models with latency figures in the lifetime counters (the series reads their buckets)."""
+    return sorted({k.split("|")[1] for k in client.hkeys(metrics.TOTAL_KEY) if k.startswith("lat|")})
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+def _per_s(window: metrics.Window) -> dict[str, float]:
+    return {c: round(v / window.seconds, 2) for c, v in window.by_status().items()}
+
+
+def _host(gauges: dict[str, float]) -> dict[str, float | None]:
+    cores = gauges.get("gauge|host|cores")
+    return {
+        "cores": int(cores) if cores else None,
+        "cpu_pct": gauges.get("gauge|host|cpu_pct"),
+        "load1": gauges.get("gauge|host|load1"),
+        "load5": gauges.get("gauge|host|load5"),
+    }
+
+
+def dashboard_data(client=None) -> dict[str, Any]:
+    client = client or get_redis()
+    now = time.time()
+    gauges = {k: float(v) for k, v in client.hgetall(GAUGES_KEY).items()}
+    snapshot = diagnosis.snapshot(client, window_s=MINUTE_S, now=now)
+    findings = diagnosis.diagnose(snapshot)
+    recent = metrics.window(client, NOW_S, now)
+    minute = metrics.window(client, MINUTE_S, now)
+    data: dict[str, Any] = {
+        "now": now,
+        "queues": {
+            q: {"waiting": gauges.get(f"gauge|{q}|waiting", 0.0), "in_flight": gauges.get(f"gauge|{q}|in_flight", 0.0)}
+            for q in ("online", "offline")
+        },
+        "online_queues": [],
+        "sampled_s_ago": round(now - gauges["sampled_at"], 1) if "sampled_at" in gauges else None,
+        "online": {
+            # Successful answers per second over the last minute (the old tile's figure, kept).
+            "qps": round(snapshot.ok_per_s, 2),
+            # Every answer, whatever its status, per second over the last 5 s and the last minute.
+            "answered_per_s_5s": round(recent.requests() / NOW_S, 2),
+            "answered_per_s": round(snapshot.requests_per_s, 2),
+            "ok_per_s_5s": round(recent.requests(outcome="ok") / NOW_S, 2),
+            "p50_ms": _ms(snapshot.p50_s),
+            "p95_ms": _ms(snapshot.p95_s),
+            "p99_ms": _ms(snapshot.p99_s),
+            "refusals_per_s": {k: round(v, 2) for k, v in snapshot.refusals_per_s.items()},
+            "timeouts_per_s": round(snapshot.timeouts_per_s, 2),
+            "mean_batch_size": None if snapshot.mean_batch_size is None else round(snapshot.mean_batch_size, 2),
+            "mean_fill_pct": None if snapshot.mean_fill is None else round(snapshot.mean_fill * 100, 1),
+            "offline_rows_per_s": round(snapshot.offline_rows_per_s, 1),
+        },
+        "requests": {"now": _per_s(recent), "minute": _per_s(minute)},
+        "host": _host(gauges),
+        "workers": [],
+        "jobs": [],
+        "slow": [],
+        "series": _series(client, now),
+        "verdict": {
+            "text": diagnosis.report(snapshot),
+            "findings": [f.__dict__ for f in findings],
+        },
+        "flower_note": FLOWER_NOTE,
+    }
+    for section in registry.dashboard_sections():
+        data.update(section(client, now))
+    return data
+
+
+@staff_member_required
+def dashboard(request: HttpRequest) -> HttpResponse:
+    return render(request, "dashboard.html", {"flower_url": settings.FLOWER_URL, "flower_note": FLOWER_NOTE})
+
+
+@staff_member_required
+def dashboard_json(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(dashboard_data())

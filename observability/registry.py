@@ -1,0 +1,74 @@
+"""What other apps tell observability, registered from their AppConfig.ready().
+
+- gauges: `fn(client) -> {"gauge|<what>|<queue>": value}`, called by the sampler once a second;
+- snapshot sources: `fn(client, snapshot, seconds, now)` fill the diagnosis figures only that app
+  can read (heartbeats, drain-rate buckets);
+- rules: `fn(snapshot) -> Finding | None`, one row of the troubleshooting table each;
+- dashboard sections: `fn(client, now) -> {field: value}`, merged into the dashboard's data;
+- housekeeping: `fn()` run by the sampler's tick every `interval_s` (retention of the app's logs).
+
+Registering twice (ready() runs once per process, but tests may call it again) keeps one entry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+GaugeSource = Callable[[Any], dict[str, float]]
+SnapshotSource = Callable[[Any, Any, list[dict[str, float]], float], None]
+Rule = Callable[[Any], Any]
+DashboardSection = Callable[[Any, float], dict[str, Any]]
+
+_gauges: list[GaugeSource] = []
+_snapshot_sources: list[SnapshotSource] = []
+_rules: list[Rule] = []
+_dashboard_sections: list[DashboardSection] = []
+_housekeeping: list[tuple[Callable[[], object], float]] = []
+
+
+def _add(registry: list, item) -> None:
+    if item not in registry:
+        registry.append(item)
+
+
+def register_gauges(fn: GaugeSource) -> None:
+    _add(_gauges, fn)
+
+
+def register_snapshot_source(fn: SnapshotSource) -> None:
+    _add(_snapshot_sources, fn)
+
+
+def register_rule(*fns: Rule) -> None:
+    """Rules are evaluated, and their findings listed, in the order they were registered."""
+    for fn in fns:
+        _add(_rules, fn)
+
+
+def register_dashboard(fn: DashboardSection) -> None:
+    _add(_dashboard_sections, fn)
+
+
+def register_housekeeping(fn: Callable[[], object], interval_s: float) -> None:
+    _add(_housekeeping, (fn, interval_s))
+
+
+def gauge_sources() -> list[GaugeSource]:
+    return list(_gauges)
+
+
+def snapshot_sources() -> list[SnapshotSource]:
+    return list(_snapshot_sources)
+
+
+def rules() -> list[Rule]:
+    return list(_rules)
+
+
+def dashboard_sections() -> list[DashboardSection]:
+    return list(_dashboard_sections)
+
+
+def housekeeping() -> list[tuple[Callable[[], object], float]]:
+    return list(_housekeeping)
