@@ -1,0 +1,101 @@
+"""The dashboard's data and the sampler's host gauges, on a Redis database of this module's own."""
+
+from __future__ import annotations
+
+import json
+import time
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import redis
+
+from inference.keys import WORKERS_KEY
+from observability import registry
+from observability.dashboard import SERIES_S, SERIES_STEP_S, dashboard_data
+from observability.keys import GAUGES_KEY, second_key
+from observability.metrics import STATUS_CLASSES, request_fields, write_pipeline
+from observability.sampler import host_gauges, sample_once
+
+DB = 12
+
+
+@pytest.fixture
+def client(redis_url):
+    c = redis.Redis.from_url(urlunsplit(urlsplit(redis_url)._replace(path=f"/{DB}")), decode_responses=True)
+    assert c.connection_pool.connection_kwargs["db"] == DB
+    c.flushdb()
+    yield c
+    c.flushdb()
+
+
+def put(client, second: int, outcomes: dict[str, int], total_ms: float = 40.0) -> None:
+    sums: dict[str, float] = {}
+    for outcome, count in outcomes.items():
+        for _ in range(count):
+            for name, value in request_fields("router", outcome, {"total_ms": total_ms}).items():
+                sums[name] = sums.get(name, 0) + value
+    pipe = client.pipeline(transaction=False)
+    write_pipeline(pipe, sums, now=second)  # as the web tier writes: this second's hash and the lifetime one
+    pipe.execute()
+
+
+@pytest.mark.django_db
+def test_requests_by_status_now_and_over_a_minute_and_their_series(client):
+    now = int(time.time())
+    for s in range(now - 59, now - 5):  # the minute before the last 5 s: 10 answers a second
+        put(client, s, {"ok": 10})
+    for s in range(now - 4, now + 1):  # the last 5 s: a load step with refusals and errors
+        put(client, s, {"ok": 150, "400": 2, "429": 3, "503_backlog_full": 20, "504": 1, "500": 1})
+    client.hset(GAUGES_KEY, mapping={"gauge|host|cores": 2, "gauge|host|cpu_pct": 97.5, "gauge|host|load1": 3.2,
+                                     "gauge|host|load5": 2.1, "sampled_at": time.time()})  # fmt: skip
+    beat = time.time() - 1.5
+    client.hset(WORKERS_KEY, "h:1", json.dumps({"worker_id": "h:1", "queue": "online", "models": ["router"],
+                                                "state": "idle", "batches": 3, "started_at": beat - 120, "ts": beat}))  # fmt: skip
+    data = dashboard_data(client)
+
+    assert data["requests"]["now"] == {"2xx": 150.0, "4xx": 2.0, "429": 3.0, "503": 20.0, "504": 1.0, "5xx": 1.0}
+    minute = data["requests"]["minute"]
+    assert minute["2xx"] == pytest.approx((54 * 10 + 5 * 150) / 60, abs=0.01) and minute["503"] == pytest.approx(
+        100 / 60, abs=0.01
+    )
+    # The tile counts every answer of the last 5 s, not the minute's successes (issue 12: 27.5 shown at 152/s).
+    assert data["online"]["answered_per_s_5s"] == 177.0 and data["online"]["ok_per_s_5s"] == 150.0
+    assert data["online"]["qps"] == pytest.approx(minute["2xx"], abs=0.01)
+
+    series = data["series"]
+    assert len(series["t"]) == SERIES_S // SERIES_STEP_S and set(series["status_per_s"]) == set(STATUS_CLASSES)
+    assert all(len(v) == len(series["t"]) for v in [series["p95_ms"], *series["status_per_s"].values()])
+    assert series["status_per_s"]["503"][-1] > 0 and series["status_per_s"]["2xx"][-1] > 0
+    assert series["p95_ms"][-1] is not None and series["p50_ms"][-1] <= series["p95_ms"][-1] <= series["p99_ms"][-1]
+    assert series["t"][-1] <= now < series["t"][-1] + SERIES_STEP_S
+
+    assert data["host"] == {"cores": 2, "cpu_pct": 97.5, "load1": 3.2, "load5": 2.1}
+    (worker,) = data["workers"]
+    assert worker["last_beat_s_ago"] == pytest.approx(1.5, abs=0.5)
+    assert worker["started_at"] == pytest.approx(beat - 120, abs=0.01) and worker["up_s"] >= 120
+    for kept in ("queues", "online_queues", "sampled_s_ago", "online", "workers", "jobs", "slow", "series", "verdict",
+                 "flower_note"):  # fmt: skip
+        assert kept in data
+
+
+def test_host_gauges_give_cores_load_and_cpu_once_primed():
+    first = host_gauges()
+    second = host_gauges()
+    assert first["gauge|host|cores"] >= 1 and "gauge|host|load1" in first and "gauge|host|load5" in first
+    assert 0.0 <= second["gauge|host|cpu_pct"] <= 100.0
+
+
+def test_the_sampler_writes_every_registered_source_and_the_host(client, monkeypatch):
+    monkeypatch.setattr(registry, "_gauges", [lambda c: {"gauge|test|waiting": 4.0}])
+    gauges = sample_once(client)
+    assert gauges["gauge|test|waiting"] == 4.0 and "gauge|host|cores" in gauges
+    latest = client.hgetall(GAUGES_KEY)
+    assert latest["gauge|test|waiting"] == "4.0" and "sampled_at" in latest
+    assert client.hget(second_key(int(float(latest["sampled_at"]))), "gauge|test|waiting") == "4.0"
+
+
+def test_apps_registered_their_rules_gauges_and_sections():
+    names = [rule.__name__ for rule in registry.rules()]
+    assert names[:2] == ["backlog_growing", "workers_missing"]
+    assert {"shared_dependency", "offline_stalled", "host_saturated"} <= set(names)
+    assert len(registry.gauge_sources()) == 2 and len(registry.dashboard_sections()) == 2
