@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -74,7 +75,7 @@ def test_counts_match_the_requests_sent_and_the_batches_run(stack):
 
     text = scrape_metrics(stack)
     ok_line = next(
-        line for line in text.splitlines() if line.startswith('inference_requests_total{model="router",outcome="ok"}')
+        line for line in text.splitlines() if line.startswith('inference_requests_total{model="router",outcome="ok",status="2xx"}')
     )
     assert float(ok_line.split()[-1]) == after["req|router|ok"]
     assert 'platform_queue_depth{queue="online",state="waiting"}' in text
@@ -96,7 +97,7 @@ def test_dashboard_needs_staff_and_shows_live_figures(stack):
     staff = stack.browser_login("boss")
     page = staff.get(f"{stack.url}/dashboard/", timeout=10)
     assert page.status_code == 200 and "Platform dashboard" in page.text and "<canvas" in page.text
-    assert "cdn" not in page.text.lower()
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page.text), "everything served locally (no CDN)"
     stack.predict("router", ["warm the dashboard"])
     data = wait_until(
         lambda: (d := staff.get(f"{stack.url}/dashboard/data.json", timeout=10).json())["online"]["qps"] > 0 and d,
@@ -107,6 +108,10 @@ def test_dashboard_needs_staff_and_shows_live_figures(stack):
     assert all(w["rss_mb"] > 0 for w in data["workers"])
     assert len(data["series"]["t"]) == 180 and any(v for v in data["series"]["qps"])
     assert data["sampled_s_ago"] is not None and data["sampled_s_ago"] < 5
+    assert data["host"]["cores"] >= 1 and data["host"]["load1"] is not None
+    assert set(data["requests"]["minute"]) == {"2xx", "4xx", "429", "503", "504", "5xx"}
+    assert data["requests"]["minute"]["2xx"] > 0 and len(data["series"]["status_per_s"]["2xx"]) == 180
+    assert all(w["last_beat_s_ago"] < 15 and w["started_at"] < data["now"] for w in data["workers"])
     assert data["verdict"]["text"]
 
 
