@@ -9,8 +9,9 @@ registers them as reserved, so Celery's autoscaler sees 0 whatever the load and 
 
 What matters to a caller is how long its request will wait: the queue's admitted backlog in tokens
 over the drain rate measured in tokens per busy child-second, shared by the children serving it
-(`inference.queues.predicted_wait_s`). The metrics sampler (platform_/sampler.py) writes it once a
-second per online queue into `observability.keys.GAUGES_KEY`; the autoscaler of each online worker
+(`inference.queues.predicted_wait_s`). The metrics sampler (observability/sampler.py, running
+inference/monitoring.py's gauges) writes it once a second per online queue into
+`observability.keys.GAUGES_KEY`; the autoscaler of each online worker
 reads it from its main process (its event loop, every AUTOSCALE_INTERVAL_S) and decides with
 `target_procs`, a pure function:
 
