@@ -60,6 +60,7 @@ def test_a_running_job_shows_cancel_and_cancelling_keeps_the_rows_done(client, a
     assert "alice" in html and "Started" in html and "Elapsed" in html and "Time left" in html
     # The bar has a red part for the 5 failed rows of 120.
     assert 'class="failed" style="width: 4.17%"' in html
+    assert "30 done, 5 failed of 120 rows · 85 to go" in html
 
     answer = client.post(reverse("jobs:cancel", args=[job.pk]), follow=True)
     job.refresh_from_db()
@@ -67,6 +68,7 @@ def test_a_running_job_shows_cancel_and_cancelling_keeps_the_rows_done(client, a
     assert answer.redirect_chain[-1][0] == reverse("jobs:detail", args=[job.pk])
     html = answer.content.decode()
     assert f"Job {job.pk} cancelled" in html and "Cancel job" not in buttons(html)
+    assert "30 done, 5 failed of 120 rows · 85 not run" in html
     assert JobRow.objects.filter(job=job, status=RowStatus.CANCELLED).count() == 85
 
     again = client.post(reverse("jobs:cancel", args=[job.pk]), follow=True)
