@@ -270,7 +270,7 @@ def gpu_status(workers: list[dict]) -> str:
 
 
 def fill_online(s: Snapshot, seconds: list[dict[str, float]], workers: list[dict[str, Any]]) -> None:
-    """The online figures from the sampled gauges and the children's heartbeats (pure: replays use it)."""
+    """The online figures from the sampled gauges and the children's heartbeats (no Redis: testable alone)."""
     s.online_backlog = [
         b["gauge|online|waiting"] + b.get("gauge|online|in_flight", 0.0) for b in seconds if "gauge|online|waiting" in b
     ]

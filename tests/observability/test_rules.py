@@ -215,3 +215,21 @@ def test_offline_chunks_with_no_offline_worker():
     assert "offline_stalled" in rules(stalled)
     assert offline_stalled(healthy(gauges={"gauge|offline|waiting": 12.0, "gauge|workers|offline": 1.0})) is None
     assert offline_stalled(healthy(gauges={"gauge|offline|waiting": 0.0, "gauge|workers|offline": 0.0})) is None
+
+
+# the online figures the rules read ------------------------------------------------------------------
+
+
+def test_online_figures_come_from_the_sampled_gauges_and_heartbeats():
+    seconds = [
+        {"gauge|online|waiting": 1.0, "gauge|online|in_flight": 4.0, "gauge|workers|online": 2.0},
+        {"req|router|ok": 3.0},  # a second the sampler missed
+        {"gauge|online|waiting": 0.0, "gauge|online|in_flight": 9.0, "gauge|workers|online": 1.0},
+    ]
+    workers = [{"cpu_pct": 80.0, "gpu": "cpu device"}, {"cpu_pct": 40.0, "gpu": "cpu device"}]
+    s = Snapshot(window_s=3)
+    online.fill_online(s, seconds, workers)
+    assert s.online_backlog == [5.0, 9.0] and s.online_in_flight == 9.0
+    assert s.online_workers_series == [2.0, 1.0] and s.online_workers_min == 1 and s.online_workers_now == 2
+    assert s.worker_cpu_pct == 60.0 and s.gpu_util_pct is None
+    assert s.gpu_status == "2 online child(ren): cpu device"
