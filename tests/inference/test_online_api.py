@@ -189,22 +189,25 @@ def test_deadline_passes_gives_504_and_the_worker_skips_the_request(stack):
 def test_sixty_four_slow_requests_wait_in_parallel_not_in_turn(stack):
     """With the worker paused, 64 requests with a 3 s deadline must all time out together in about 3 s.
 
-    (3 s rather than 1 s so that admission, which refuses when 64 requests ahead cannot drain in time,
-    admits them all at any measured rate above about 21 requests/s.)"""
-    before = stack.stats("router").get("expired_skipped", 0)
+    Through the identity model, whose drain rate this test measures itself: admission, which refuses
+    when the requests ahead cannot drain in time, then admits all 64 whatever the machine's load and
+    whatever ran before (with the router, a rate measured on a loaded machine refused some with 503)."""
+    for _ in range(3):
+        assert stack.predict("identity", ["measure the drain rate"]).status_code == 200
+    before = stack.stats("identity").get("expired_skipped", 0)
     stack.pause_worker()
     try:
         started = time.monotonic()
         with ThreadPoolExecutor(64) as pool:
             responses = list(
-                pool.map(lambda i: stack.predict("router", [f"slow {i}"], **{"X-Deadline-Ms": "3000"}), range(64))
+                pool.map(lambda i: stack.predict("identity", [f"slow {i}"], **{"X-Deadline-Ms": "3000"}), range(64))
             )
         elapsed = time.monotonic() - started
     finally:
         stack.resume_worker()
-    assert [r.status_code for r in responses] == [504] * 64
+    assert [r.status_code for r in responses] == [504] * 64, [r.text for r in responses if r.status_code != 504][:3]
     assert elapsed < 10, f"64 waits of 3 s took {elapsed:.1f} s: they were serialized"
-    wait_until(lambda: stack.stats("router").get("expired_skipped", 0) - before >= 64, 30, "64 skipped requests")
+    wait_until(lambda: stack.stats("identity").get("expired_skipped", 0) - before >= 64, 30, "64 skipped requests")
 
 
 # --- bad input --------------------------------------------------------------------------------
