@@ -199,20 +199,23 @@ def test_broker_tab_lists_every_platform_queue_whichever_workers_answered(settin
 
 
 def capture_events(redis_url: str, state: State, stop: threading.Event) -> threading.Thread:
+    """Receive the stack's events into `state` in a thread, as Flower does (returns once subscribed)."""
     app = Celery("events-capture", broker=redis_url, set_as_current=False)
     ready = threading.Event()
 
     def run() -> None:
         with Connection(redis_url) as connection:
             receiver = app.events.Receiver(connection, handlers={"*": state.event})
-            consumer = receiver.consumer(wakeup=False)
-            with consumer:
+            subscribed = receiver.on_consume_ready
+
+            def on_consume_ready(*args, **kwargs) -> None:
+                subscribed(*args, **kwargs)
                 ready.set()
-                while not stop.is_set():
-                    try:
-                        connection.drain_events(timeout=0.5)
-                    except TimeoutError:
-                        pass
+
+            receiver.on_consume_ready = on_consume_ready
+            watcher = threading.Thread(target=lambda: (stop.wait(), setattr(receiver, "should_stop", True)))
+            watcher.start()
+            receiver.capture(limit=None, timeout=None, wakeup=False)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
