@@ -61,7 +61,7 @@ def screenshot_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("screenshots")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium(stack) -> Iterator[Any]:
     # After the stack: its set-up makes synchronous database calls, which Django refuses once
     # Playwright's event loop runs on this thread.
@@ -82,24 +82,34 @@ class Browser:
     base_url: str
     shots: Path
     errors: list[str] = field(default_factory=list)
+    # Pages answered with a 4xx on purpose (a form with errors is a 400, a missing job a 404): Chromium
+    # logs "Failed to load resource" for them too, which is no fault of the page.
+    documents_4xx: set[str] = field(default_factory=set)
+    failed_loads: list[tuple[str, str]] = field(default_factory=list)
 
     def new_page(self) -> Any:
         page = self.context.new_page()
         page.set_default_timeout(WAIT_MS)
         page.on("pageerror", lambda error: self.errors.append(f"{page.url}: uncaught {error}"))
-        page.on(
-            "console",
-            lambda msg: (
-                msg.type == "error"
-                and self.errors.append(f"{page.url}: console error: {msg.text} ({msg.location.get('url')})")
-            ),
-        )
-        page.on(
-            "response",
-            lambda r: r.status >= 500 and self.errors.append(f"{r.request.method} {r.url} answered {r.status}"),
-        )
+        page.on("console", lambda msg: self._console(page, msg))
+        page.on("response", self._response)
         page.on("dialog", lambda dialog: dialog.accept())  # "Cancel this job?" confirmations
         return page
+
+    def _console(self, page: Any, msg: Any) -> None:
+        if msg.type != "error":
+            return
+        where = msg.location.get("url", "")
+        if msg.text.startswith("Failed to load resource"):
+            self.failed_loads.append((where, f"{page.url}: {msg.text} ({where})"))
+        else:
+            self.errors.append(f"{page.url}: console error: {msg.text} ({where})")
+
+    def _response(self, response: Any) -> None:
+        if response.status >= 500:
+            self.errors.append(f"{response.request.method} {response.url} answered {response.status}")
+        elif response.status >= 400 and response.request.resource_type == "document":
+            self.documents_4xx.add(response.url)
 
     def goto(self, page: Any, path: str) -> Any:
         return page.goto(self.base_url + path)
@@ -110,7 +120,10 @@ class Browser:
         return path
 
     def assert_clean(self) -> None:
-        assert self.errors == [], "errors on the pages:\n" + "\n".join(self.errors)
+        """No uncaught exception, console error, 5xx, nor a resource that failed to load (a page's own 4xx aside)."""
+        failed = [text for url, text in self.failed_loads if url not in self.documents_4xx]
+        problems = self.errors + [f"{text} [console error]" for text in failed]
+        assert problems == [], "errors on the pages:\n" + "\n".join(problems)
 
 
 def log_in(browser: Browser, page: Any, username: str, password: str = TESTER_PASSWORD) -> None:

@@ -155,7 +155,7 @@ def rate_figures(page: Any) -> list[dict]:
 # Tests -------------------------------------------------------------------------------------------
 
 
-def test_log_in_through_the_login_page_and_log_out(open_browser):
+def test_log_in_through_the_login_page_and_log_out(open_browser, stack):
     browser = open_browser()
     page = browser.new_page()
     browser.goto(page, "/jobs/")
@@ -177,6 +177,9 @@ def test_log_in_through_the_login_page_and_log_out(open_browser):
     browser.goto(page, "/jobs/")
     expect(page).to_have_url(re.compile(r"/login/"))  # logged out: asked again
     browser.assert_clean()
+    from platform_ import auth_throttle
+
+    stack.redis.delete(auth_throttle.key("127.0.0.1"))  # the failed attempt above counts no more
 
 
 def test_dashboard_under_load_shows_live_numbers_and_charts(open_browser, stack):
@@ -218,7 +221,14 @@ def test_upload_a_csv_and_follow_the_job_until_it_succeeds(open_browser, stack, 
     page = browser.new_page()
     browser.goto(page, "/jobs/")
     expect(page.get_by_role("heading", name=re.compile(r"jobs", re.I)).first).to_be_visible()
-    job_id = upload(page, write_csv(tmp_path, "tickets.csv", 40), "router")
+    tickets = write_csv(tmp_path, "tickets.csv", 40)
+    # A wrong text column first: the form says what is wrong and keeps what was typed.
+    page.get_by_label(re.compile(r"^\s*(csv\s+)?file", re.I)).set_input_files(str(tickets))
+    page.get_by_label(re.compile(r"text column", re.I)).fill("body")
+    page.get_by_role("button", name=re.compile(r"upload|run|submit", re.I)).click()
+    expect(page.get_by_text(re.compile(r"text column .body. not found", re.I)).first).to_be_visible()
+    expect(page.get_by_label(re.compile(r"text column", re.I))).to_have_value("body")
+    job_id = upload(page, tickets, "router")
 
     wait_for_status(page, "succeeded", timeout_s=60)
     expect(page.get_by_text(re.compile(r"\b40\b")).first).to_be_visible()  # 40 rows done
