@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from inference.keys import WORKERS_KEY
+from inference.registry import get_registry
 from observability import registry
 from observability.dashboard import SERIES_S, SERIES_STEP_S, dashboard_data
 from observability.keys import GAUGES_KEY, second_key
@@ -26,6 +27,8 @@ def client(redis_url):
     c.flushdb()
     yield c
     c.flushdb()
+    # The dashboard read the models file through the process-wide registry cache: leave it as found.
+    get_registry.cache_clear()
 
 
 def put(client, second: int, outcomes: dict[str, int], total_ms: float = 40.0) -> None:
