@@ -167,7 +167,7 @@ def test_apply_batch_tells_a_raising_batch_from_a_good_one():
 # Flower's Broker tab ----------------------------------------------------------------------------
 
 
-def test_broker_tab_lists_every_platform_queue_whichever_workers_answered(settings, tmp_path):
+def test_broker_tab_lists_every_platform_queue_whichever_workers_answered(settings, tmp_path, request):
     """The offline worker answered no inspect (busy at low priority): its queue is listed all the same."""
     models = tmp_path / "models.yaml"
     models.write_text(
@@ -176,7 +176,11 @@ def test_broker_tab_lists_every_platform_queue_whichever_workers_answered(settin
         "  embedding: {task: identity, path: x, queue: online.shared}\n"
         "  identity: {task: identity, path: x, queue: online.shared}\n"
     )
+    from inference.registry import get_registry
+
     settings.INFERENCE_MODELS_FILE = str(models)
+    get_registry.cache_clear()  # the registry is read once per process: read this file, then forget it
+    request.addfinalizer(get_registry.cache_clear)
     config = runpy.run_path(str(ROOT / "flowerconfig.py"))
     assert config["inspect_timeout"] == 3000.0
 
