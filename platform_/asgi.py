@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import io
 import logging
 import os
@@ -31,9 +32,15 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings.local")
 django_application = get_asgi_application()
 
 from django.conf import settings  # noqa: E402  (after the app, which configures settings)
+from django.utils.module_loading import import_string  # noqa: E402
 
-from inference.api.views import early_refusal, predict_view  # noqa: E402
 from platform_.bodies import BodyGuard, declared_length, send_response, too_large  # noqa: E402
+
+# The apps' entry points this wiring serves, named by dotted path as the URLconf names its includes:
+# platform_ imports no app.
+PREDICT_VIEW = "inference.api.views.predict_view"
+PREDICT_EARLY_REFUSAL = "inference.api.views.early_refusal"
+UPLOAD_AUTH = "inference.api.auth"
 
 logger = logging.getLogger("django.request")
 
@@ -133,10 +140,12 @@ def _host_refusal(scope) -> HttpResponse | None:
     return answer
 
 
-predict_application = LeanView(predict_view, settings.DATA_UPLOAD_MAX_MEMORY_SIZE, early=early_refusal)
+predict_application = LeanView(
+    import_string(PREDICT_VIEW), settings.DATA_UPLOAD_MAX_MEMORY_SIZE, early=import_string(PREDICT_EARLY_REFUSAL)
+)
 
 
-guarded_django_application = BodyGuard(django_application)
+guarded_django_application = BodyGuard(django_application, auth=importlib.import_module(UPLOAD_AUTH))
 
 
 async def application(scope, receive, send) -> None:

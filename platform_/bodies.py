@@ -28,9 +28,6 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpResponse, JsonResponse
 
-# The predict view's own authentication helpers, so an upload and a predict call share one token cache
-# and one failed-authentication throttle.
-from inference.api.auth import session_user, user_for_token
 from platform_.errors import ApiError
 
 # The endpoints that take a CSV upload: POST /api/v1/jobs (jobs/api/urls.py) and the upload form on
@@ -81,23 +78,24 @@ async def send_response(send: Any, response: HttpResponse) -> None:
     await send({"type": "http.response.body", "body": response.content})
 
 
-async def anonymous_upload_refusal(scope: dict, kind: str) -> HttpResponse | None:
+async def anonymous_upload_refusal(scope: dict, kind: str, auth: Any) -> HttpResponse | None:
     """401 (or a redirect to login) for an upload whose headers carry no valid credentials, else None.
 
     The same rules as the views behind it: the API takes `Authorization: Token <key>` first, then a
     session (DRF's TokenAuthentication, SessionAuthentication); the page takes a session. Lookups go
-    through inference/api/auth.py: its token cache, failed-authentication throttling and run_db.
+    through `auth` (the predict view's helpers, inference/api/auth.py, handed in by platform_/asgi.py):
+    its token cache, failed-authentication throttling and run_db.
     CSRF is left to the view, which checks it after the body is read.
     """
     request = ASGIRequest(scope, io.BytesIO())  # headers and cookies only: the body stays unread
     header = request.headers.get("Authorization", "")
     if kind == "api" and header.partition(" ")[0].lower() == "token":
         try:
-            await user_for_token(header.partition(" ")[2].strip(), request.META.get("REMOTE_ADDR", ""))
+            await auth.user_for_token(header.partition(" ")[2].strip(), request.META.get("REMOTE_ADDR", ""))
             return None
         except ApiError as error:
             return error.response()
-    if (await session_user(request)).is_authenticated:
+    if (await auth.session_user(request)).is_authenticated:
         return None
     if kind == "page":
         return redirect_to_login(request.get_full_path())
@@ -106,10 +104,14 @@ async def anonymous_upload_refusal(scope: dict, kind: str) -> HttpResponse | Non
 
 
 class BodyGuard:
-    """ASGI wrapper that enforces body limits and upload credentials before `app` reads a body."""
+    """ASGI wrapper that enforces body limits and upload credentials before `app` reads a body.
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
+    `auth` provides `user_for_token(key, address)` and `session_user(request)`: the predict view's own
+    helpers, so an upload and a predict call share one token cache and one failed-authentication throttle.
+    """
+
+    def __init__(self, app: Any, auth: Any) -> None:
+        self.app, self.auth = app, auth
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -121,7 +123,7 @@ class BodyGuard:
         if length is not None and length > limit:
             await send_response(send, too_large(limit, length))
             return
-        if kind and (refusal := await anonymous_upload_refusal(scope, kind)) is not None:
+        if kind and (refusal := await anonymous_upload_refusal(scope, kind, self.auth)) is not None:
             refusal["Connection"] = "close"
             await send_response(send, refusal)
             return
