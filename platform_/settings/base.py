@@ -34,6 +34,8 @@ DEBUG = env.bool("DJANGO_DEBUG", default=False)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 # DJANGO_CSRF_TRUSTED_ORIGINS: origins allowed to POST forms when behind a proxy.
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+# A failed CSRF check: the product's 403 page for people, JSON for API paths (platform_/errors.py).
+CSRF_FAILURE_VIEW = "platform_.errors.csrf_failure"
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -35,8 +35,9 @@ if env.bool("DJANGO_BEHIND_TLS_PROXY", default=False):
 SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=True)
 if not SECURE_SSL_REDIRECT:
     SILENCED_SYSTEM_CHECKS.append("security.W008")
-# Liveness and readiness probes come over plain HTTP from inside the network: never redirect them.
-SECURE_REDIRECT_EXEMPT = [r"^api/v1/(ready|health)$"]
+# Liveness and readiness probes and Prometheus's scrapes come over plain HTTP from inside the network:
+# never redirect them (a scrape redirected to HTTPS on the pod's address fails).
+SECURE_REDIRECT_EXEMPT = [r"^api/v1/(ready|health)$", r"^metrics$"]
 
 # DJANGO_SECURE_HSTS_SECONDS: how long browsers must use HTTPS only (0: no HSTS header, e.g. when the
 # proxy sends it). Start small (3600) on a new domain; a year once HTTPS is known to work.

@@ -63,3 +63,18 @@ def test_compose_has_no_default_secrets_and_keeps_flower_and_postgres_private():
     assert "ports" not in services["postgres"] and "ports" not in services["redis"]
     assert all(str(p).startswith("${FLOWER_BIND:-127.0.0.1}:") for p in services["flower"]["ports"])
     assert compose["x-app"]["environment"]["DJANGO_SETTINGS_MODULE"] == "platform_.settings.production"
+
+
+def test_production_redirects_people_to_https_but_not_probes_or_prometheus():
+    """Probes and Prometheus's scrapes come over plain HTTP from inside the network: a redirect to HTTPS
+    on a pod's address would fail them."""
+    script = (
+        "from django.test import Client; c = Client();"
+        "print([c.get(p).status_code for p in ('/metrics', '/api/v1/health', '/jobs/')])"
+    )
+    result = manage(
+        "shell", "-c", script, DJANGO_SECRET_KEY=secrets.token_urlsafe(50), DJANGO_ALLOWED_HOSTS="testserver"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    metrics, health, page = eval(result.stdout.strip().splitlines()[-1])
+    assert (metrics, health, page) == (401, 200, 301)
