@@ -47,7 +47,8 @@ def dashboard_section(client, now: float) -> dict[str, Any]:
                 "model": j.model,
                 "owner": j.owner.username,
                 "status": j.status,
-                "done": j.done_rows + j.failed_rows,
+                "done": j.done_rows + j.failed_rows,  # rows run, failed included
+                "failed": j.failed_rows,
                 "total": j.total_rows,
                 "progress_pct": round(j.progress * 100, 1),
                 "rows_per_s": round(j.rows_per_s, 1),
