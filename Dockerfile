@@ -1,11 +1,14 @@
 # One image for every role (web, workers, Flower); docker-compose.yml picks the command.
 FROM python:3.11-slim
 
+# DJANGO_SETTINGS_MODULE: the production profile unless a deployment says otherwise (it refuses to start
+# without a secret key, where the local profile would make one up).
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     HF_HUB_OFFLINE=1 \
     TRANSFORMERS_OFFLINE=1 \
-    PLATFORM_VAR_DIR=/app/var
+    PLATFORM_VAR_DIR=/app/var \
+    DJANGO_SETTINGS_MODULE=platform_.settings.production
 
 # Empty: torch==2.13.0 from PyPI, which on Linux x86_64 is the CUDA build (for GPU hosts).
 # For a CPU-only image pass PyTorch's CPU wheel index, e.g.

@@ -207,7 +207,7 @@ class Bench:
             if key not in ("DATABASE_URL", "REDIS_URL", "WORKER_QUEUE", "WORKER_MODELS")
         } | {
             "PLATFORM_VAR_DIR": str(tmp),
-            "DJANGO_SETTINGS_MODULE": "platform_.settings",
+            "DJANGO_SETTINGS_MODULE": "platform_.settings.local",
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
         }

@@ -30,7 +30,7 @@ class Ceiling:
 
 
 def load_handler(model: str, threads: int = 1):
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings.local")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import django
 

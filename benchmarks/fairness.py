@@ -33,7 +33,7 @@ LONG_TEXT = " ".join(CORPUS)[:2000]
 
 def bench_tokens() -> tuple[str, str]:
     """API tokens of two bench users, created in the stack's database if missing."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings.local")
     import django
 
     django.setup()

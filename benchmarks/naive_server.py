@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def serve(port: int, model: str) -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings.local")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import django
 

@@ -77,7 +77,7 @@ def local_web():
             **os.environ,
             "PLATFORM_VAR_DIR": tmp,
             "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
-            "DJANGO_SETTINGS_MODULE": "platform_.settings",
+            "DJANGO_SETTINGS_MODULE": "platform_.settings.local",
         }
         python = sys.executable
         subprocess.run([python, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)

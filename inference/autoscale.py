@@ -1,7 +1,7 @@
 """Autoscaling on one host with Celery's own engine: the online pool grows and shrinks on predicted wait.
 
 `celery worker --autoscale=MAX,MIN` resizes the prefork pool with the class named by the
-`worker_autoscaler` setting (CELERY_WORKER_AUTOSCALER in platform_/settings.py names this module's
+`worker_autoscaler` setting (CELERY_WORKER_AUTOSCALER in platform_/settings/base.py names this module's
 `PredictedWaitAutoscaler`). Celery's own rule sizes the pool on `len(state.reserved_requests)`, the
 tasks received and not yet finished. That count means nothing here: a celery-batches task buffers
 requests in the worker's main process and hands many of them to a child as one pool job, and never

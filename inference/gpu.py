@@ -74,7 +74,7 @@ def resolve_device(device: str) -> str:
     visible = torch.cuda.device_count()
     if visible == 0:
         if torch.version.cuda is None:
-            why = f"this torch ({torch.__version__}) is a CPU build: install the CUDA build (README, 'GPU hosts')"
+            why = f"this torch ({torch.__version__}) is a CPU build: install the CUDA build (docs/operations.md, 'GPU hosts')"
         else:
             why = "torch is a CUDA build but sees no GPU: check the NVIDIA driver and CUDA_VISIBLE_DEVICES"
         raise DeviceError(f"device {device!r}: {why}")

@@ -189,7 +189,7 @@ def _may_scrape(request: HttpRequest) -> bool:
 def metrics_view(request: HttpRequest) -> HttpResponse:
     if not _may_scrape(request):
         response = HttpResponse(
-            "metrics need Authorization: Bearer <METRICS_TOKEN> (generated into var/metrics_token when not set),"
+            "metrics need Authorization: Bearer <METRICS_TOKEN> (`make run` generates one into var/metrics_token),"
             " a staff session, or METRICS_PUBLIC=true\n",
             status=401,
             content_type="text/plain",

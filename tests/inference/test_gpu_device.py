@@ -66,7 +66,7 @@ def test_cuda_on_a_cpu_host_is_refused_at_load_with_the_reason():
     with pytest.raises(DeviceError) as refused:
         gpu.resolve_device("cuda")
     if torch.version.cuda is None:
-        assert "is a CPU build: install the CUDA build (README, 'GPU hosts')" in str(refused.value)
+        assert "is a CPU build: install the CUDA build (docs/operations.md, 'GPU hosts')" in str(refused.value)
     else:
         assert "sees no GPU" in str(refused.value)
     assert gpu.resolve_device("cpu") == "cpu"
