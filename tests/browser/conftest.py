@@ -4,7 +4,8 @@ Nothing is downloaded at run time: Playwright's Python package carries its own d
 is the system's /usr/bin/chromium (`.ci/run` installs Debian's `chromium` when it is missing). Without
 it these tests skip and say so.
 
-Every page a test opens records its JavaScript errors (uncaught exceptions and console errors) and any
+Every page a test opens records its JavaScript errors (uncaught exceptions and console errors), the
+resources that failed to load (a page's own 4xx aside: a form with errors is a 400 on purpose) and any
 5xx answer; `Browser.assert_clean()` fails the test on any of them. Screenshots are 1366x900; they go
 to docs/screenshots/ when SCREENSHOTS=1 (to be committed for the README), else to a temp folder.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import requests
 
 from tests.conftest import ROOT, TESTER_PASSWORD
 
@@ -126,7 +129,7 @@ class Browser:
         assert problems == [], "errors on the pages:\n" + "\n".join(problems)
 
 
-def log_in(browser: Browser, page: Any, username: str, password: str = TESTER_PASSWORD) -> None:
+def log_in(page: Any, username: str, password: str = TESTER_PASSWORD) -> None:
     """Fill the login form as a person would: label, label, button."""
     page.get_by_label(re.compile(r"user ?name", re.I)).fill(username)
     page.get_by_label(re.compile(r"password", re.I)).fill(password)
@@ -151,7 +154,7 @@ def open_browser(chromium, stack, sessions, screenshot_dir) -> Iterator[Callable
             anonymous = make(None)
             page = anonymous.new_page()
             anonymous.goto(page, "/accounts/login/")
-            log_in(anonymous, page, user)
+            log_in(page, user)
             expect(page).not_to_have_url(re.compile(r"/login/"))
             sessions[user] = anonymous.context.storage_state()
         context = chromium.new_context(
@@ -194,10 +197,6 @@ class Load:
         self.threads: list[threading.Thread] = []
 
     def _run(self, n: int, token: str) -> None:
-        import time
-
-        import requests
-
         deadline = time.monotonic() + self.max_s
         i = 0
         while not self.stop.is_set() and time.monotonic() < deadline:

@@ -3,7 +3,7 @@ follow, cancel and retry CSV jobs, correct a label in the admin review.
 
 Selectors are roles, labels and visible text, so a restyled page keeps its tests. Every wait is on a
 condition with a timeout (Playwright's expect / wait_for_function), never a fixed sleep. Each test
-ends with no JavaScript error, console error or 5xx on any page it opened.
+ends with no JavaScript error, console error, failed resource load or 5xx on any page it opened.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,6 @@ def status_text(page: Any, status: str) -> Any:
 
 def wait_for_status(page: Any, status: str, timeout_s: float) -> None:
     """Until the page shows `status`: the page refreshes itself; reload it if it has not within 5 s."""
-    import time
-
     deadline = time.monotonic() + timeout_s
     while True:
         remaining_ms = (deadline - time.monotonic()) * 1000
@@ -163,11 +162,11 @@ def test_log_in_through_the_login_page_and_log_out(open_browser, stack):
     expect(page.get_by_role("button", name=re.compile(r"log ?in|sign ?in", re.I))).to_be_visible()
     browser.screenshot(page, "login")
 
-    log_in(browser, page, "tester", "not-the-password")
+    log_in(page, "tester", "not-the-password")
     expect(page.get_by_text(re.compile(r"correct username and password|invalid|incorrect", re.I)).first).to_be_visible()
     expect(page).to_have_url(re.compile(r"/login/"))
 
-    log_in(browser, page, "tester")
+    log_in(page, "tester")
     expect(page).to_have_url(re.compile(r"/jobs/$"))
     expect(page.get_by_text("tester", exact=True).first).to_be_visible()  # who is logged in
 
