@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
-from observability.keys import TOTAL_KEY
+from inference.diagnosis import BACKLOG_MIN
+from observability.keys import GAUGES_KEY, TOTAL_KEY
 from tests.conftest import ROOT, wait_until
 
 pytestmark = pytest.mark.integration
@@ -34,6 +36,18 @@ def scrape_metrics(stack) -> str:
     )
     assert response.status_code == 200, response.text
     return response.text
+
+
+def sampled_waiting(stack, more_than: float) -> tuple[float, float]:
+    """Wait for a sample of the online queues with more than `more_than` requests admitted and not
+    answered; its time and that count."""
+
+    def sample() -> tuple[float, float] | None:
+        gauges = stack.redis.hgetall(GAUGES_KEY)
+        waiting = float(gauges.get("gauge|online|waiting", 0)) + float(gauges.get("gauge|online|in_flight", 0))
+        return (float(gauges["sampled_at"]), waiting) if waiting > more_than else None
+
+    return wait_until(sample, 15, f"a sample with more than {more_than} online requests waiting")
 
 
 def diagnose(stack, window_s: int) -> str:
@@ -141,30 +155,39 @@ def test_a_504_lands_in_the_slow_request_log(stack):
 
 
 def test_diagnose_names_a_backlog_when_the_online_worker_stops(stack):
-    stack.pause_worker()
+    """The children stop (the dispatcher still beats, so requests are admitted): within a few seconds
+    of nothing being answered while requests wait, the diagnosis names the backlog."""
+    children = [child["pid"] for child in stack.online_children()]
+    for pid in children:
+        os.kill(pid, signal.SIGSTOP)
+    verdict = ""
     try:
-        with ThreadPoolExecutor(12) as pool:
+        with ThreadPoolExecutor(24) as pool:
             futures = [
-                pool.submit(stack.predict, "router", [f"stuck {i}"], **{"X-Deadline-Ms": "9000"}) for i in range(12)
+                pool.submit(stack.predict, "router", [f"stuck {i}"], **{"X-Deadline-Ms": "9000"}) for i in range(24)
             ]
-            time.sleep(1)
-            futures += [
-                pool.submit(stack.predict, "router", [f"stuck more {i}"], **{"X-Deadline-Ms": "9000"})
-                for i in range(12)
-            ]
-            time.sleep(4)  # the offline worker's sampler records the online queue each second
-            verdict = diagnose(stack, window_s=6)
-            stack.resume_worker()
-            [f.result() for f in futures]
+            sampled_waiting(stack, more_than=BACKLOG_MIN)
+
+            def named() -> bool:
+                nonlocal verdict
+                verdict = diagnose(stack, window_s=6)
+                return "backlog grows over time" in verdict
+
+            wait_until(named, 8, "the diagnosis to name the stalled backlog")
+            for pid in children:
+                os.kill(pid, signal.SIGCONT)
+            statuses = [f.result().status_code for f in futures]
     finally:
-        stack.resume_worker()
-    assert "backlog grows over time" in verdict, verdict
-    assert "online backlog" in verdict and "action:" in verdict
+        for pid in children:
+            os.kill(pid, signal.SIGCONT)
+    assert "online backlog" in verdict and "action:" in verdict, verdict
+    assert statuses == [200] * 24  # resumed in time: nothing was lost while it was named
 
 
 def test_diagnose_says_no_jam_on_a_healthy_stack(stack):
     wait_until(lambda: len(stack.online_children()) == 1, 30, "the online child")
-    time.sleep(7)  # let earlier tests' refusals and timeouts leave the window
+    # Earlier tests' refusals and timeouts must leave the 6 s window first.
+    wait_until(lambda: diagnose(stack, window_s=6).startswith("no jam"), 30, "a window without earlier tests' errors")
     for i in range(10):
         assert stack.predict("router", [f"the app crashes on start {i}"]).status_code == 200
     verdict = diagnose(stack, window_s=6)
