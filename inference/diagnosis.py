@@ -83,8 +83,14 @@ def backlog_growing(s: Snapshot) -> Finding | None:
 
 
 def workers_missing(s: Snapshot) -> Finding | None:
-    """The article's "timeouts now and then, gone after a restart": children dying or restarting."""
-    if not (s.online_workers_now == 0 or s.online_workers_min < s.online_workers_now):
+    """"Timeouts now and then, gone after a restart": children dying or restarting.
+
+    A restart is a fall in the count of children alive: fewer than there had been earlier in the
+    window. A rise alone is children starting (a fresh start, a scale-up), not a fault.
+    """
+    series = [*s.online_workers_series, float(s.online_workers_now)]
+    fell = any(count < max(series[:i]) for i, count in enumerate(series) if i)
+    if not (s.online_workers_now == 0 or fell):
         return None
     return Finding(
         "workers_missing",

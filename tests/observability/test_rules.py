@@ -78,9 +78,17 @@ def test_a_ramp_seen_at_its_end_is_not_growth():
 
 def test_missing_or_restarting_workers():
     assert online.workers_missing(healthy(online_workers_now=0, online_workers_min=0)) is not None
-    found = online.workers_missing(healthy(online_workers_min=1))
+    restarted = [2.0] * 30 + [1.0] * 5 + [2.0] * 25  # a child died and was replaced
+    found = online.workers_missing(healthy(online_workers_min=1, online_workers_series=restarted))
     assert found is not None and "2 online worker children alive now, as few as 1" in found.evidence
     assert online.workers_missing(healthy()) is None
+
+
+def test_workers_starting_are_not_workers_missing():
+    # A fresh start (or a scale-up) seen in the window: the count only rose. The dashboard said
+    # "workers missing or restarting" for the first minute after every start.
+    starting = [0.0] * 20 + [1.0] * 20 + [2.0] * 20
+    assert online.workers_missing(healthy(online_workers_min=0, online_workers_series=starting)) is None
 
 
 # idle_but_slow and host_saturated ---------------------------------------------------------------
