@@ -20,11 +20,17 @@ urlpatterns = [
         "admin/login/",
         throttle_login(
             auth_views.LoginView.as_view(
-                authentication_form=AdminAuthenticationForm, next_page="/admin/", extra_context={"admin_login": True}
+                authentication_form=AdminAuthenticationForm,
+                next_page="/admin/",
+                extra_context={"admin_login": True, "hide_login_link": True},
             )
         ),
     ),
-    path("accounts/login/", throttle_login(auth_views.LoginView.as_view()), name="login"),
+    path(
+        "accounts/login/",
+        throttle_login(auth_views.LoginView.as_view(extra_context={"hide_login_link": True})),
+        name="login",
+    ),
     path("accounts/logout/", auth_views.LogoutView.as_view(next_page="/accounts/login/"), name="logout"),
     path("admin/logout/", auth_views.LogoutView.as_view(next_page="/accounts/login/")),
     path("admin/", admin.site.urls),
