@@ -83,7 +83,7 @@ def backlog_growing(s: Snapshot) -> Finding | None:
 
 
 def workers_missing(s: Snapshot) -> Finding | None:
-    """"Timeouts now and then, gone after a restart": children dying or restarting.
+    """Timeouts now and then, gone after a restart: children dying or restarting.
 
     A restart is a fall in the count of children alive: fewer than there had been earlier in the
     window. A rise alone is children starting (a fresh start, a scale-up), not a fault.

@@ -125,7 +125,9 @@ def test_a_worker_that_shuts_down_hands_back_the_requests_it_held(stack, redis_u
 
         def push(task_id: str) -> None:
             kwargs = {"model": "identity", "inputs": ["hi"], "tokens": [3], "client": "c", "deadline": time.time() + 60}
-            client.lpush("online.identity", task_message(task_id, "online.identity", {**kwargs, "enqueued_at": time.time()}))
+            client.lpush(
+                "online.identity", task_message(task_id, "online.identity", {**kwargs, "enqueued_at": time.time()})
+            )
 
         def rpops() -> int:
             return int(client.info("commandstats").get("cmdstat_rpop", {}).get("calls", 0))
