@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import time
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-import redis
 
 from inference.keys import WORKERS_KEY
 from inference.registry import get_registry
@@ -17,16 +15,12 @@ from observability.keys import GAUGES_KEY, second_key
 from observability.metrics import STATUS_CLASSES, request_fields, write_pipeline
 from observability.sampler import host_gauges, sample_once
 
-DB = 12
+DB = 12  # this module's own Redis database (the `client` fixture, tests/observability/conftest.py)
 
 
-@pytest.fixture
-def client(redis_url):
-    c = redis.Redis.from_url(urlunsplit(urlsplit(redis_url)._replace(path=f"/{DB}")), decode_responses=True)
-    assert c.connection_pool.connection_kwargs["db"] == DB
-    c.flushdb()
-    yield c
-    c.flushdb()
+@pytest.fixture(autouse=True)
+def _registry_as_found():
+    yield
     # The dashboard read the models file through the process-wide registry cache: leave it as found.
     get_registry.cache_clear()
 

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-import redis
 
 from inference.keys import WORKERS_KEY, rate_key
 from observability.diagnosis import Snapshot, diagnose, snapshot
@@ -23,21 +21,11 @@ from observability.keys import second_key
 WINDOWS = Path(__file__).parent / "windows"
 T0 = 1_700_000_000  # the recording's first second
 WINDOW_S = 60
-DB = 11  # this module's own Redis database
+DB = 11  # this module's own Redis database (the `client` fixture, tests/observability/conftest.py)
 
 
 def load(name: str) -> dict:
     return json.loads((WINDOWS / f"{name}.json").read_text())
-
-
-@pytest.fixture
-def client(redis_url):
-    # The URL's own database number wins over a db= argument: replace it, never flush the suite's database.
-    c = redis.Redis.from_url(urlunsplit(urlsplit(redis_url)._replace(path=f"/{DB}")), decode_responses=True)
-    assert c.connection_pool.connection_kwargs["db"] == DB
-    c.flushdb()
-    yield c
-    c.flushdb()
 
 
 def write(client, data: dict) -> None:
