@@ -16,8 +16,9 @@ from django.conf import settings
 
 from platform_.celery import ONLINE_QUEUE_PREFIX
 
-# identity: no weights, the platform's overhead probe (inference/handlers/identity.py).
-TASKS = ("router", "embedding", "text-classification", "identity")
+# identity: no weights, the platform's overhead probe (inference/handlers/identity.py). What each task
+# takes and answers is in inference/task_io.py.
+TASKS = ("router", "embedding", "text-classification", "identity", "question-answering", "token-classification")
 DTYPES = ("float32", "float16", "bfloat16")
 
 

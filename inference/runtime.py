@@ -74,11 +74,13 @@ def spec(model: str) -> ModelSpec:
 
 def run(
     model: str,
-    texts: list[str],
+    texts: list[Any],
     on_pass: Callable[[list[int], list[Any], list[Any]], None] | None = None,
     before_pass: Callable[[], int | None] | None = None,
 ) -> tuple[list[dict[str, Any]], list[Pass]]:
-    """Outputs in input order, and for each text the forward pass it ran in.
+    """Outputs in input order, and for each input the forward pass it ran in.
+
+    `texts` are the task's inputs: strings, or objects such as {"question", "context"} (task_io.py).
 
     `on_pass(indices, outputs, passes)` is called after each pass, so callers can answer early;
     `before_pass()` before each one, and may return the most texts the next pass may hold (the
@@ -92,8 +94,16 @@ def run(
     ids = handler.tokenize(texts)
     outputs: list[dict[str, Any] | None] = [None] * len(texts)
     passes: list[Pass | None] = [None] * len(texts)
-    lengths = [len(row) for row in ids]
-    planned = deque(plan_batches(lengths, spec.max_batch_size, spec.max_batch_tokens, spec.max_padding_fraction))
+    costs = [handler.cost(item) for item in ids]
+    planned = deque(
+        plan_batches(
+            [longest for _, longest in costs],
+            spec.max_batch_size,
+            spec.max_batch_tokens,
+            spec.max_padding_fraction,
+            rows=[rows for rows, _ in costs],
+        )
+    )
     while planned:
         group = planned.popleft()
         limit = before_pass() if before_pass else None

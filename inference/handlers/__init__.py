@@ -1,4 +1,4 @@
-"""Task handlers: one module per task, each a Handler with `predict(texts) -> list[dict]`.
+"""Task handlers: one module per task, each a Handler with `predict(inputs) -> list[dict]`.
 
 Importing a handler imports torch, so only worker children do it (see inference/runtime.py).
 """
@@ -30,4 +30,12 @@ def build_handler(spec: ModelSpec) -> Handler:
         from inference.handlers.identity import IdentityHandler
 
         return IdentityHandler.load(spec)  # type: ignore[return-value]
+    if spec.task == "question-answering":
+        from inference.handlers.question_answering import build_qa_handler
+
+        return build_qa_handler(spec)
+    if spec.task == "token-classification":
+        from inference.handlers.token_classification import TokenClassificationHandler
+
+        return TokenClassificationHandler.load(spec)
     raise ValueError(f"unknown task {spec.task!r}")

@@ -73,8 +73,18 @@ class Handler:
         tokenizer, model = load_pretrained(str(spec.resolved_path()), cls.kind, device, dtype)
         return cls(dataclasses.replace(spec, device=device), tokenizer, model)
 
-    def tokenize(self, texts: list[str]) -> list[list[int]]:
-        """Token ids per text, truncated but not padded: lengths decide how batches are cut."""
+    def cost(self, item: Any) -> tuple[int, int]:
+        """What one tokenized input costs a pass: (sequences, tokens in its longest sequence).
+
+        A text is one sequence; a handler whose inputs become several sequences (a question over a
+        long context: overlapping windows) says so here, and runtime.run keeps them in one pass."""
+        return 1, len(item)
+
+    def tokenize(self, texts: list[Any]) -> list[Any]:
+        """Token ids per text, truncated but not padded: lengths decide how batches are cut.
+
+        Handlers of structured inputs return their own item per input (whatever their `forward` and
+        `cost` take)."""
         encoded = self.tokenizer(
             texts, truncation=True, max_length=self.spec.max_seq_length, padding=False, return_attention_mask=False
         )
@@ -91,13 +101,13 @@ class Handler:
         on_device = host.to(self.device, non_blocking=True)
         return on_device[0], on_device[1]
 
-    def forward(self, ids: list[list[int]]) -> list[dict[str, Any]]:
-        """One forward pass over a batch padded to its own longest text."""
+    def forward(self, ids: list[Any]) -> list[dict[str, Any]]:
+        """One forward pass over a batch padded to its own longest text (items from `tokenize`)."""
         input_ids, attention_mask = self.to_device(ids)
         with torch.inference_mode():
             return self.postprocess(self.run_model(input_ids, attention_mask), attention_mask)
 
-    def predict(self, texts: list[str]) -> list[dict[str, Any]]:
+    def predict(self, texts: list[Any]) -> list[dict[str, Any]]:
         return self.forward(self.tokenize(texts))
 
     def warm_up(self) -> None:

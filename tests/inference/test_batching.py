@@ -33,3 +33,11 @@ def test_a_text_longer_than_the_budget_still_runs_alone():
 
 def test_empty_input_plans_nothing():
     assert plan_batches([], max_batch_size=4, max_batch_tokens=100) == []
+
+
+def test_an_item_of_several_windows_counts_each_window_against_the_pass_limits():
+    # Three texts of 100 tokens and one question over a long context: 4 windows of 100 tokens.
+    passes = plan_batches([100, 100, 100, 100], max_batch_size=4, max_batch_tokens=10_000, rows=[1, 1, 1, 4])
+    assert sorted(map(sorted, passes)) == [[0, 1, 2], [3]]
+    # Too many windows for any pass: the item runs alone rather than never.
+    assert plan_batches([50, 50], max_batch_size=4, max_batch_tokens=100, rows=[1, 9]) == [[0], [1]]
