@@ -1,8 +1,9 @@
-"""A tiny randomly initialised BERT classifier: a model that costs next to nothing, with a real tokenizer.
+"""Tiny randomly initialised BERT models: models that cost next to nothing, with a real tokenizer.
 
-2 layers, hidden 32, 2 heads, intermediate 64, 3 labels, and the all-MiniLM tokenizer files copied in.
-Used by the test suite (`tests/conftest.py::tiny_classifier`) and by benchmarks/overhead.py (the naive
-baseline serves it). Import needs transformers only when called.
+2 layers, hidden 32, 2 heads, intermediate 64, and the all-MiniLM tokenizer files copied in: a
+sequence classifier (3 labels), an extractive question-answering head, and a token classifier (BIO
+entity tags). Used by the test suite (`tests/conftest.py`) and by benchmarks/overhead.py (the naive
+baseline serves the classifier). Import needs transformers only when called.
 """
 
 from __future__ import annotations
@@ -15,9 +16,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spec
 LABELS = ("negative", "neutral", "positive")
 
 
-def build_tiny_classifier(out_dir: Path) -> Path:
-    """Write the model and tokenizer files into `out_dir` (created if missing) and return it."""
-    from transformers import BertConfig, BertForSequenceClassification
+# BIO tags of the tiny token classifier (tests/conftest.py::tiny_token_classifier).
+ENTITY_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC")
+
+
+def _build(out_dir: Path, model_class: str, labels: tuple[str, ...] | None, seed: int) -> Path:
+    """A 2-layer BERT of `model_class` (a transformers class name) with random weights from `seed`."""
+    import torch
+    import transformers
 
     from inference.registry import resolve_path
 
@@ -26,16 +32,35 @@ def build_tiny_classifier(out_dir: Path) -> Path:
     tokenizer_dir = resolve_path(MINILM)
     for name in TOKENIZER_FILES:
         shutil.copy(tokenizer_dir / name, out / name)
-    config = BertConfig(
+    head = {
+        "num_labels": len(labels),
+        "id2label": dict(enumerate(labels)),
+        "label2id": {v: i for i, v in enumerate(labels)},
+    }
+    config = transformers.BertConfig(
         vocab_size=30522,
         hidden_size=32,
         num_hidden_layers=2,
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=512,
-        num_labels=len(LABELS),
-        id2label=dict(enumerate(LABELS)),
-        label2id={label: i for i, label in enumerate(LABELS)},
+        **head,
     )
-    BertForSequenceClassification(config).save_pretrained(out)
+    torch.manual_seed(seed)  # the same file every build: tests can rely on what it answers
+    getattr(transformers, model_class)(config).save_pretrained(out)
     return out
+
+
+def build_tiny_classifier(out_dir: Path) -> Path:
+    """A sequence classifier with 3 labels: write its files into `out_dir` (created if missing) and return it."""
+    return _build(out_dir, "BertForSequenceClassification", LABELS, seed=0)
+
+
+def build_tiny_qa(out_dir: Path) -> Path:
+    """An extractive question-answering model (start and end logits per token)."""
+    return _build(out_dir, "BertForQuestionAnswering", None, seed=1)
+
+
+def build_tiny_token_classifier(out_dir: Path) -> Path:
+    """A token classifier with BIO tags for persons, organisations and places (ENTITY_LABELS)."""
+    return _build(out_dir, "BertForTokenClassification", ENTITY_LABELS, seed=2)

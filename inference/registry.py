@@ -20,6 +20,7 @@ from platform_.celery import ONLINE_QUEUE_PREFIX
 # takes and answers is in inference/task_io.py.
 TASKS = ("router", "embedding", "text-classification", "identity", "question-answering", "token-classification")
 DTYPES = ("float32", "float16", "bfloat16")
+QA_METHODS = ("span", "sentence")
 
 
 class RegistryError(ValueError):
@@ -48,6 +49,12 @@ class ModelSpec:
     queue: str | None = None
     # Weights' precision on the device: float32, float16 or bfloat16 (None: float32).
     dtype: str | None = None
+    # question-answering only. "span": an AutoModelForQuestionAnswering head picks the answer's tokens;
+    # "sentence": a sentence encoder picks the context's sentence closest to the question.
+    qa_method: str = "span"
+    # question-answering (span) only: tokens shared by consecutive windows of a long context (None:
+    # a quarter of max_seq_length), so an answer cut by one window's edge is whole in the next.
+    doc_stride: int | None = None
 
     @property
     def online_queue(self) -> str:
@@ -103,6 +110,8 @@ def parse_registry(raw: dict, *, device: str, torch_threads: int, max_backlog: i
             raise RegistryError(f"model {name!r}: unknown keys {sorted(unknown)}")
         if entry.get("dtype") not in (None, *DTYPES):
             raise RegistryError(f"model {name!r}: dtype must be one of {', '.join(DTYPES)}")
+        if entry.get("qa_method", "span") not in QA_METHODS:
+            raise RegistryError(f"model {name!r}: qa_method must be one of {', '.join(QA_METHODS)}")
         queue = entry.get("queue")
         if queue is not None and (not isinstance(queue, str) or not queue.startswith(ONLINE_QUEUE_PREFIX)):
             raise RegistryError(f"model {name!r}: queue must be a name starting with {ONLINE_QUEUE_PREFIX!r}")

@@ -21,7 +21,7 @@ import redis
 import requests
 import yaml
 
-from benchmarks.tiny_bert import MINILM, build_tiny_classifier
+from benchmarks.tiny_bert import MINILM, build_tiny_classifier, build_tiny_qa, build_tiny_token_classifier
 from inference.keys import WORKERS_KEY, stats_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,7 +110,19 @@ def tiny_classifier(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def models_file(tmp_path_factory, tiny_classifier) -> Path:
+def tiny_qa(tmp_path_factory) -> Path:
+    """A randomly initialised 2-layer BERT with an extractive question-answering head."""
+    return build_tiny_qa(tmp_path_factory.mktemp("tiny-qa"))
+
+
+@pytest.fixture(scope="session")
+def tiny_token_classifier(tmp_path_factory) -> Path:
+    """A randomly initialised 2-layer BERT token classifier with BIO entity tags."""
+    return build_tiny_token_classifier(tmp_path_factory.mktemp("tiny-ner"))
+
+
+@pytest.fixture(scope="session")
+def models_file(tmp_path_factory, tiny_classifier, tiny_qa, tiny_token_classifier) -> Path:
     limits = {"max_batch_size": 32, "max_batch_tokens": 4096, "max_seq_length": 128}
     models = {
         "default": "router",
