@@ -32,11 +32,13 @@ def _build(out_dir: Path, model_class: str, labels: tuple[str, ...] | None, seed
     tokenizer_dir = resolve_path(MINILM)
     for name in TOKENIZER_FILES:
         shutil.copy(tokenizer_dir / name, out / name)
-    head = {
-        "num_labels": len(labels),
-        "id2label": dict(enumerate(labels)),
-        "label2id": {v: i for i, v in enumerate(labels)},
-    }
+    head = {}
+    if labels:
+        head = {
+            "num_labels": len(labels),
+            "id2label": dict(enumerate(labels)),
+            "label2id": {v: i for i, v in enumerate(labels)},
+        }
     config = transformers.BertConfig(
         vocab_size=30522,
         hidden_size=32,
