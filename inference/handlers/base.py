@@ -12,13 +12,25 @@ from functools import cache
 from typing import Any
 
 import torch
-from transformers import AutoModel, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import (
+    AutoModel,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    PreTrainedTokenizerBase,
+)
 
 from inference.gpu import resolve_device
 from inference.registry import ModelSpec
 
 logger = logging.getLogger(__name__)
-_MODEL_CLASSES = {"encoder": AutoModel, "classifier": AutoModelForSequenceClassification}
+_MODEL_CLASSES = {
+    "encoder": AutoModel,
+    "classifier": AutoModelForSequenceClassification,
+    "question-answering": AutoModelForQuestionAnswering,
+    "token-classifier": AutoModelForTokenClassification,
+}
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
