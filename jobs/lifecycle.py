@@ -43,6 +43,7 @@ def create_job(
     id_column: str = "",
     encoding: str = "utf-8",
     delimiter: str | None = None,
+    callback_url: str = "",
 ) -> Job:
     """Check the file's start, store it and queue its ingest; the job answers `ingesting`.
 
@@ -76,6 +77,7 @@ def create_job(
             id_column=id_column,
             encoding=checked.encoding,
             delimiter=checked.delimiter,
+            callback_url=callback_url,
             status=JobStatus.INGESTING,
             ingest_progress_at=timezone.now(),
         )

@@ -29,6 +29,12 @@ class JobStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+class CallbackStatus(models.TextChoices):
+    PENDING = "pending"  # the job ended; delivery attempts are under way
+    DELIVERED = "delivered"  # the receiver answered 2xx
+    FAILED = "failed"  # every attempt failed, or the destination was refused
+
+
 TERMINAL = (JobStatus.SUCCEEDED, JobStatus.PARTIAL, JobStatus.FAILED, JobStatus.CANCELLED)
 # Statuses in which a job's rows may still be written with results.
 RUNNABLE = (JobStatus.QUEUED, JobStatus.RUNNING)
@@ -41,7 +47,10 @@ class Job(models.Model):
     model = models.CharField(max_length=100)
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING, db_index=True)
     filename = models.CharField(max_length=255, blank=True)
-    text_column = models.CharField(max_length=255)
+    text_column = models.CharField(max_length=255, blank=True)
+    # For tasks whose inputs have several fields (inference/task_io.py): input field -> CSV column,
+    # e.g. {"question": "q", "context": "passage"}. Empty for text tasks, which read `text_column`.
+    input_columns = models.JSONField(default=dict, blank=True)
     id_column = models.CharField(max_length=255, blank=True)
     encoding = models.CharField(max_length=40, default="utf-8")
     delimiter = models.CharField(max_length=4, default=",")
@@ -64,6 +73,16 @@ class Job(models.Model):
     # Last sign of life of the ingest (created, enqueued, claimed, a batch of rows written): the
     # reconciler re-enqueues an ingest silent for JOBS_STALL_S.
     ingest_progress_at = models.DateTimeField(null=True, blank=True)
+    # Where the job's summary is POSTed when it ends (jobs/callbacks.py), and how that went. The
+    # delivery is retried by a Celery task; these fields are its record, shown in the admin.
+    callback_url = models.URLField(max_length=2000, blank=True)
+    callback_status = models.CharField(max_length=12, choices=CallbackStatus.choices, blank=True)
+    callback_attempts = models.PositiveSmallIntegerField(default=0)
+    callback_last_status = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="HTTP status of the last attempt (empty: no answer)"
+    )
+    callback_last_error = models.CharField(max_length=500, blank=True)
+    callback_last_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -306,6 +325,9 @@ class JobRow(models.Model):
     index = models.PositiveIntegerField(help_text="0-based position among the file's data rows")
     external_id = models.CharField(max_length=255, blank=True)
     text = models.TextField()
+    # The structured input of tasks with several input fields (e.g. {"question", "context"}); None
+    # for text tasks, whose input is `text`.
+    inputs = models.JSONField(null=True, blank=True)
     status = models.CharField(max_length=10, choices=RowStatus.choices, default=RowStatus.PENDING)
     label = models.CharField(max_length=100, blank=True, db_index=True)
     score = models.FloatField(null=True, blank=True)
@@ -422,3 +444,17 @@ class UploadPart(models.Model):
 
     def __str__(self) -> str:
         return f"part {self.seq} of job {self.job_id}'s upload"
+
+
+class CallbackSecret(models.Model):
+    """A user's key for signing job callbacks (HMAC-SHA256). Shown once when created or rotated.
+
+    Kept as given, not hashed: signing needs the key itself, as a webhook sender's does.
+    """
+
+    owner = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="callback_secret")
+    secret = models.CharField(max_length=128)
+    created_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"callback secret of {self.owner}"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
 from inference.registry import get_registry
+from jobs.callbacks import CallbackRefused, check_destination
 from jobs.models import Job, JobRow
 
 
@@ -26,7 +28,8 @@ class JobSerializer(serializers.ModelSerializer):
             "id", "owner", "model", "status", "filename", "text_column", "id_column", "encoding", "delimiter",
             "upload_bytes", "ingested_rows", "ingest_progress",
             "total_rows", "done_rows", "failed_rows", "progress", "rows_per_s", "eta_s",
-            "created_at", "started_at", "finished_at", "error", "links",
+            "created_at", "started_at", "finished_at", "error",
+            "callback_url", "callback_status", "callback_attempts", "callback_last_status", "links",
         ]  # fmt: skip
         read_only_fields = fields
 
@@ -54,6 +57,21 @@ class JobCreateSerializer(serializers.Serializer):
     delimiter = serializers.ChoiceField(
         choices=["comma", "semicolon", "tab"], required=False, help_text="default: detected from the header"
     )
+
+    callback_url = serializers.URLField(
+        required=False,
+        allow_blank=True,
+        max_length=2000,
+        help_text="POSTed the job's summary when it ends, signed with your callback secret (X-Signature-256)",
+    )
+
+    def validate_callback_url(self, value: str) -> str:
+        if value:
+            try:
+                check_destination(value, allow_private=settings.JOBS_CALLBACK_ALLOW_PRIVATE)
+            except CallbackRefused as refused:
+                raise serializers.ValidationError(str(refused)) from None
+        return value
 
     def validate_model(self, value: str) -> str:
         registry = get_registry()

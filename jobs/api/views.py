@@ -67,6 +67,7 @@ def create_from_upload(user, data: dict, upload) -> Job:
         id_column=data.get("id_column") or "",
         encoding=data.get("encoding") or "utf-8",
         delimiter=delimiter,
+        callback_url=data.get("callback_url") or "",
     )
 
 

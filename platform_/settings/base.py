@@ -298,6 +298,17 @@ JOBS_RESULTS_PAGE_SIZE = env.int("JOBS_RESULTS_PAGE_SIZE", default=100)
 # JOBS_MAX_INGESTING_PER_USER: uploads of one user being read at once; more get 429 (ingests run one at
 # a time on the offline worker, so one user's dozens would hold every other user's behind them).
 JOBS_MAX_INGESTING_PER_USER = env.int("JOBS_MAX_INGESTING_PER_USER", default=2)
+# JOBS_RESULT_TTL_DAYS: ended jobs (their rows, results and files) are deleted this many days after
+# they end; 0 keeps them forever.
+JOBS_RESULT_TTL_DAYS = env.int("JOBS_RESULT_TTL_DAYS", default=30)
+# JOBS_CALLBACK_ALLOW_PRIVATE: allow job callbacks to private, loopback and link-local addresses
+# (a test receiver on localhost, a receiver inside the cluster). Off: such URLs are refused, so a
+# user cannot make the platform call its own internal services.
+JOBS_CALLBACK_ALLOW_PRIVATE = env.bool("JOBS_CALLBACK_ALLOW_PRIVATE", default=False)
+# JOBS_CALLBACK_ATTEMPTS: delivery attempts per job callback, with exponential backoff between them.
+JOBS_CALLBACK_ATTEMPTS = env.int("JOBS_CALLBACK_ATTEMPTS", default=6)
+# JOBS_CALLBACK_TIMEOUT_S: how long one delivery attempt waits for the receiver.
+JOBS_CALLBACK_TIMEOUT_S = env.float("JOBS_CALLBACK_TIMEOUT_S", default=10.0)
 # JOBS_CREATE_RATE: job uploads one user may make (DRF rate: "60/min", "1000/hour"); over it, 429.
 JOBS_CREATE_RATE = env.str("JOBS_CREATE_RATE", default="60/min")
 # JOBS_RESULTS_RATE: results requests (JSON pages and CSV exports) one user may make; over it, 429.
