@@ -26,7 +26,7 @@ from inference.admission import Decision
 from inference.api.auth import authenticate
 from inference.keys import DISPATCHERS_KEY, WORKERS_KEY
 from inference.observe import observe
-from inference.registry import get_registry
+from inference.registry import ModelSpec, get_registry
 from inference.validation import parse_deadline_ms, parse_json_body, validate_inputs
 from inference.workers import serving_workers
 from observability.metrics import STAGES
@@ -36,7 +36,7 @@ from platform_.redis import get_redis
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
-def _request_id(given: str | None) -> str:
+def make_request_id(given: str | None) -> str:
     """The client's X-Request-ID when it is a sane token, else a new one."""
     return given if given and _REQUEST_ID.match(given) else uuid.uuid4().hex
 
@@ -69,22 +69,39 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
     deadline_ms = parse_deadline_ms(
         request.headers.get("X-Deadline-Ms"), settings.ONLINE_DEADLINE_MS, settings.ONLINE_MAX_DEADLINE_MS
     )
+    result = await call_model(
+        spec, texts, deadline_ms, request_id, started_at, client=str(user.pk), caller_key=client_key(request.headers)
+    )
+    seen["timing"], seen["worker"] = result.timing, result.worker
+    response = JsonResponse(
+        {"model": name, "outputs": result.outputs, "timing": result.timing, "worker": result.worker}
+    )
+    response["Server-Timing"] = server_timing(result.timing)
+    return response
+
+
+async def call_model(
+    spec: ModelSpec,
+    texts: list[str],
+    deadline_ms: int,
+    request_id: str,
+    started_at: float,
+    *,
+    client: str,
+    caller_key: str,
+) -> online.Prediction:
+    """online.predict, its refusals and failures raised as the API's errors: shared by predict and
+    the OpenAI-compatible embeddings (inference/api/openai_compat.py), which reshapes them."""
     try:
-        result = await online.predict(
-            spec,
-            texts,
-            deadline_ms,
-            request_id,
-            started_at,
-            client=str(user.pk),
-            client_key=client_key(request.headers),
+        return await online.predict(
+            spec, texts, deadline_ms, request_id, started_at, client=client, client_key=caller_key
         )
     except online.Refused as refused:
-        if refused.decision.status == 413 and _repeats_too_large(client_key(request.headers)):
+        if refused.decision.status == 413 and _repeats_too_large(caller_key):
             # The same caller resending what cannot fit: answered later, so its loop costs the web
             # tier (and so the model's cores) one parse and count a delay, not one per round trip.
             await asyncio.sleep(settings.ONLINE_REFUSAL_DELAY_MS / 1000)
-        raise _refusal(name, refused.decision, refused.admission_ms) from None
+        raise _refusal(spec.name, refused.decision, refused.admission_ms) from None
     except online.DeadlineExceeded as exc:
         raise ApiError(
             504,
@@ -99,12 +116,6 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
         raise ApiError(
             503, "broker_unavailable", f"the broker is unreachable: {exc}", headers={"Retry-After": "1"}
         ) from None
-    seen["timing"], seen["worker"] = result.timing, result.worker
-    response = JsonResponse(
-        {"model": name, "outputs": result.outputs, "timing": result.timing, "worker": result.worker}
-    )
-    response["Server-Timing"] = server_timing(result.timing)
-    return response
 
 
 # Bodies larger than this are parsed in a thread (a 64-text request of short texts is a few KB).
@@ -171,7 +182,7 @@ def early_refusal(request_headers: dict[str, str], name: str) -> JsonResponse | 
     if decision is None:
         return None
     error = _refusal(name, decision, 0.0)
-    request_id = _request_id(request_headers.get("x-request-id"))
+    request_id = make_request_id(request_headers.get("x-request-id"))
     timing = {"admission_ms": 0.0, "total_ms": (time.time() - started_at) * 1000}
     observe(model=name, status=error.status, code=error.code, timing=timing, request_id=request_id, texts=[])
     response = error.response()
@@ -179,10 +190,10 @@ def early_refusal(request_headers: dict[str, str], name: str) -> JsonResponse | 
     # A caller refused again within the hold is retrying without waiting: answering it later (never
     # later than its Retry-After) caps what a retry storm costs the web tier, and so the model.
     response.delay_s = min(settings.ONLINE_REFUSAL_DELAY_MS / 1000, decision.retry_after_s)
-    return _finish(response, request_id)
+    return finish_response(response, request_id)
 
 
-def _finish(response: JsonResponse, request_id: str) -> JsonResponse:
+def finish_response(response: JsonResponse, request_id: str) -> JsonResponse:
     response["X-Request-ID"] = request_id
     response["X-Content-Type-Options"] = "nosniff"  # SecurityMiddleware's header; predict skips middleware
     return response
@@ -192,7 +203,7 @@ def _finish(response: JsonResponse, request_id: str) -> JsonResponse:
 async def predict_view(request: Any, name: str) -> JsonResponse:
     """POST /api/v1/models/<name>/predict: documented in the OpenAPI schema by inference/api/schema.py."""
     started_at = time.time()
-    request_id = _request_id(request.headers.get("X-Request-ID"))
+    request_id = make_request_id(request.headers.get("X-Request-ID"))
     seen: dict[str, Any] = {"model": "-", "texts": [], "timing": {}, "worker": ""}
     code = None
     try:
@@ -210,7 +221,7 @@ async def predict_view(request: Any, name: str) -> JsonResponse:
         texts=seen["texts"],
         worker=seen["worker"],
     )
-    return _finish(response, request_id)
+    return finish_response(response, request_id)
 
 
 def _serving_workers() -> list[dict[str, Any]]:
