@@ -55,6 +55,9 @@ class Prediction:
     outputs: list[dict[str, Any]]
     timing: dict[str, Any]
     worker: str
+    # Each text's tokens as the model saw them (after truncation): what admission priced the request
+    # by, and what the OpenAI-compatible API reports as its usage.
+    tokens: list[int]
 
 
 # Requests with more characters than this are tokenized in a thread (a short text takes ~0.2 ms inline).
@@ -185,4 +188,4 @@ async def predict(
         postprocess_ms=round((now - inference_end) * 1000, 3),
         total_ms=round((now - started_at) * 1000, 3),
     )
-    return Prediction(outputs=reply["outputs"], timing=timing, worker=reply["worker"])
+    return Prediction(outputs=reply["outputs"], timing=timing, worker=reply["worker"], tokens=tokens)

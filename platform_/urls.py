@@ -37,6 +37,8 @@ urlpatterns = [
     path("", include("observability.urls")),  # /dashboard/, /dashboard/data.json, /metrics
     path("api/v1/", include("inference.api.urls")),
     path("api/v1/", include("jobs.api.urls")),
+    # OpenAI-compatible embeddings for OpenAI clients (base_url <host>/v1): inference/api/openai_compat.py.
+    path("v1/", include("inference.api.openai_compat")),
     path("jobs/", include("jobs.urls")),
     # Session login for people (browser pages, and API calls from a logged-in browser).
     path("accounts/", include("rest_framework.urls")),

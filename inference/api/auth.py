@@ -77,12 +77,14 @@ def _enforce_csrf(request: Any) -> None:
 
 
 async def authenticate(request: Any) -> Any:
-    """The user behind `Authorization: Token <key>` or a session; 401 when neither is there."""
+    """The user behind `Authorization: Token <key>` or a session; 401 when neither is there.
+
+    `Bearer <key>` is the same token: what OpenAI clients (inference/api/openai_compat.py) send."""
     header = request.headers.get("Authorization", "")
     if header:
         scheme, _, key = header.partition(" ")
         if scheme.lower() not in ("token", "bearer") or not key.strip():
-            raise _unauthenticated("Authorization header must be 'Token <key>'")
+            raise _unauthenticated("Authorization header must be 'Token <key>' or 'Bearer <key>'")
         return await user_for_token(key.strip(), request.META.get("REMOTE_ADDR", ""))
     user = await session_user(request)
     if user.is_authenticated:
