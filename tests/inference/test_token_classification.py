@@ -237,3 +237,17 @@ def test_token_classification_padded_batch_answers_as_each_text_alone(entities_m
     assert _run(entities_model, texts) == [
         {**o, "entities": [{**e, "score": pytest.approx(e["score"], abs=1e-5)} for e in o["entities"]]} for o in alone
     ]
+
+
+@pytest.mark.integration
+def test_token_classification_served_by_the_live_stack(stack):
+    """The `entities` model of the test models file, through the web process and an online worker."""
+    long_text = "Zoë Müller flew to Paris. " * 60  # well past the stack's 128 tokens
+    response = stack.predict("entities", [EXAMPLE, long_text])
+    assert response.status_code == 200, response.text
+    example, long_output = response.json()["outputs"]
+    assert (example["truncated"], long_output["truncated"]) == (False, True)
+    for text, output in ((EXAMPLE, example), (long_text, long_output)):
+        for entity in output["entities"]:
+            assert text[entity["start"] : entity["end"]] == entity["text"]
+            assert entity["label"] in PLAIN_LABELS
