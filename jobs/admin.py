@@ -23,7 +23,7 @@ from django.views.decorators.http import require_POST
 
 from inference.labels import labels_for
 from jobs import export, lifecycle
-from jobs.models import Job, JobRow, JobStatus, RowStatus
+from jobs.models import CallbackSecret, Job, JobRow, JobStatus, RowStatus
 
 # One product: the admin is branded as the platform and links back to its pages (templates/admin/base_site.html).
 admin.site.site_header = "Inference platform"
@@ -110,6 +110,20 @@ class JobAdmin(admin.ModelAdmin):
         (
             "Ingest bookkeeping",
             {"classes": ["collapse"], "fields": ["ingest_attempts", "ingest_claimed", "ingest_progress"]},
+        ),
+        # The callback's record (jobs/callbacks.py): where the summary goes, and how the last attempt went.
+        (
+            "Callback",
+            {
+                "fields": [
+                    "callback_url",
+                    "callback_status",
+                    "callback_attempts",
+                    "callback_last_status",
+                    "callback_last_error",
+                    "callback_last_at",
+                ]
+            },
         ),
     ]
     readonly_fields = [
@@ -486,3 +500,19 @@ class JobRowAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+
+@admin.register(CallbackSecret)
+class CallbackSecretAdmin(admin.ModelAdmin):
+    """Who has a callback secret and since when; the value is never shown (its owner rotates it by API)."""
+
+    list_display = ["owner", "created_at"]
+    fields = ["owner", "created_at"]
+    readonly_fields = ["owner", "created_at"]
+    search_fields = ["owner__username"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # a secret made here would have to be shown here; POST /api/v1/callback-secret shows it once
+
+    def has_change_permission(self, request: HttpRequest, obj: CallbackSecret | None = None) -> bool:
+        return False  # deleting stays allowed: it revokes the secret (the next callback makes a new one)
