@@ -4,17 +4,49 @@ A callback URL is a request the platform makes on a user's behalf, so it must no
 the platform can reach (its database, Redis, a cloud metadata service at 169.254.169.254): private,
 loopback, link-local and other non-public addresses are refused unless JOBS_CALLBACK_ALLOW_PRIVATE
 is on. Checked when the job is created (a 400 then) and again before each delivery (DNS may change).
+
+When a job ends (Job._ended, from whichever transition won), `schedule` marks its callback pending
+and, after commit, sends the first attempt to the `callbacks` queue (jobs/tasks.py says why a queue
+of its own). Each `attempt` is claimed on the job row, POSTs the job's summary signed with the
+owner's CallbackSecret (HMAC-SHA256 over "<timestamp>.<body>", headers X-Timestamp and
+X-Signature-256), records the answer on the row, and says when to try again: 2xx delivered;
+408, 429, 5xx, timeouts and connection errors retried with exponential backoff up to
+JOBS_CALLBACK_ATTEMPTS; other 4xx and 3xx (redirects are never followed) failed at once.
 """
 
 from __future__ import annotations
 
+import enum
+import hashlib
+import hmac
+import http.client
 import ipaddress
+import json
+import logging
+import secrets
 import socket
+import ssl
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.urls import reverse
+from django.utils import timezone
+
+from jobs.models import CallbackSecret, CallbackStatus, Job
+
+logger = logging.getLogger(__name__)
 
 
 class CallbackRefused(ValueError):
     """The callback URL is not one the platform will call; the message says why."""
+
+
+class Unresolvable(CallbackRefused):
+    """The host does not resolve now; unlike a private address, that may be a passing DNS failure."""
 
 
 def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
@@ -38,7 +70,7 @@ def check_destination(url: str, *, allow_private: bool) -> list[str]:
     try:
         infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
-        raise CallbackRefused(f"callback_url's host {parts.hostname!r} does not resolve: {exc}") from None
+        raise Unresolvable(f"callback_url's host {parts.hostname!r} does not resolve: {exc}") from None
     addresses = sorted({info[4][0] for info in infos})
     if not allow_private:
         for address in addresses:
@@ -48,3 +80,235 @@ def check_destination(url: str, *, allow_private: bool) -> list[str]:
                     " address; callbacks go to public addresses only"
                 )
     return addresses
+
+
+# Delivery -------------------------------------------------------------------------------------
+
+SIGNATURE_HEADER = "X-Signature-256"
+TIMESTAMP_HEADER = "X-Timestamp"
+USER_AGENT = "inference-platform-callbacks/1"
+# Of an error answer's body, this much is kept on the job row (the column holds 500 characters).
+_ERROR_BODY_CHARS = 200
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one attempt got: an HTTP status, or None with the error that prevented an answer."""
+
+    status: int | None
+    error: str = ""
+
+
+class Outcome(enum.Enum):
+    DELIVERED = "delivered"
+    RETRY = "retry"
+    GIVE_UP = "give_up"
+
+
+def outcome_of(answer: Answer) -> Outcome:
+    """2xx delivered; 408, 429 and 5xx (and no answer) worth another try; any other status final.
+
+    A 4xx other than 408/429 says the receiver understood and refused (gone, unauthorized, bad
+    request): asking again with the same body would get the same answer. A 3xx is final too, as
+    redirects are not followed (the target could be a private address the check never saw).
+    """
+    if answer.status is None:
+        return Outcome.RETRY
+    if 200 <= answer.status < 300:
+        return Outcome.DELIVERED
+    if answer.status in (408, 429) or answer.status >= 500:
+        return Outcome.RETRY
+    return Outcome.GIVE_UP
+
+
+def retry_delay_s(attempt: int, backoff_s: float) -> float:
+    """Wait before attempt `attempt + 1`: backoff_s, then doubled each time (30 s, 1, 2, 4, 8 min by default)."""
+    return backoff_s * 2 ** (attempt - 1)
+
+
+def new_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def rotate_secret(owner) -> CallbackSecret:
+    """A new secret for `owner`, replacing any earlier one; the only time its value leaves the server."""
+    secret, _ = CallbackSecret.objects.update_or_create(owner=owner, defaults={"secret": new_secret()})
+    return secret
+
+
+def secret_for(owner_id: int) -> str:
+    """The owner's signing secret, created if they have none yet (see docs: rotate to learn it)."""
+    try:
+        secret, _ = CallbackSecret.objects.get_or_create(owner_id=owner_id, defaults={"secret": new_secret()})
+    except IntegrityError:  # created meanwhile by a concurrent delivery for another of their jobs
+        secret = CallbackSecret.objects.get(owner_id=owner_id)
+    return secret.secret
+
+
+def sign(secret: str, timestamp: int, body: bytes) -> str:
+    """`sha256=<hex>` of HMAC-SHA256(secret, "<timestamp>." + body): the X-Signature-256 header."""
+    digest = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"sha256={digest}"
+
+
+def payload(job: Job) -> dict[str, Any]:
+    """The job's summary as POSTed. Links are absolute under JOBS_CALLBACK_BASE_URL, else paths."""
+    base = settings.JOBS_CALLBACK_BASE_URL.rstrip("/")
+
+    def link(name: str) -> str:
+        return base + reverse(name, args=[job.pk])
+
+    def when(value: datetime | None) -> str | None:
+        return value.isoformat() if value else None
+
+    return {
+        "event": "job.ended",
+        "id": job.pk,
+        "status": job.status,
+        "model": job.model,
+        "filename": job.filename,
+        "total_rows": job.total_rows,
+        "done_rows": job.done_rows,
+        "failed_rows": job.failed_rows,
+        "created_at": when(job.created_at),
+        "started_at": when(job.started_at),
+        "finished_at": when(job.finished_at),
+        "error": job.error,
+        "links": {"self": link("job-detail"), "results": link("job-results"), "results_csv": link("job-results-csv")},
+    }
+
+
+def body_of(job: Job) -> bytes:
+    """The exact bytes sent (and signed): the same on every attempt for one end of the job."""
+    return json.dumps(payload(job), separators=(",", ":"), sort_keys=True).encode()
+
+
+class _PinnedHTTPSConnection(http.client.HTTPSConnection):
+    """Connects to an address already checked, while TLS verifies the certificate for the URL's host name."""
+
+    def __init__(self, address: str, port: int, hostname: str, timeout_s: float) -> None:
+        super().__init__(address, port, timeout=timeout_s, context=ssl.create_default_context())
+        self._hostname = hostname
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)  # plain TCP to the pinned address
+        self.sock = self._context.wrap_socket(self.sock, server_hostname=self._hostname)
+
+
+def post(url: str, body: bytes, headers: dict[str, str], *, timeout_s: float, allow_private: bool) -> Answer:
+    """One POST of `body` to `url`, redirects not followed, to an address checked just before.
+
+    The connection goes to an address check_destination returned, not to whatever the name resolves
+    to a moment later: a DNS answer that changes between the check and the connection (rebinding)
+    cannot steer the request to a private address. Raises CallbackRefused when the check refuses.
+    """
+    addresses = check_destination(url, allow_private=allow_private)
+    parts = urlsplit(url)
+    hostname = parts.hostname or ""
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    host_header = parts.netloc.rsplit("@", 1)[-1]  # userinfo is never sent
+    errors = []
+    for address in addresses:
+        if parts.scheme == "https":
+            connection: http.client.HTTPConnection = _PinnedHTTPSConnection(address, port, hostname, timeout_s)
+        else:
+            connection = http.client.HTTPConnection(address, port, timeout=timeout_s)
+        try:
+            connection.request("POST", target, body=body, headers={**headers, "Host": host_header})
+            response = connection.getresponse()
+            status = response.status
+            detail = "" if 200 <= status < 300 else response.read(_ERROR_BODY_CHARS).decode("utf-8", "replace")
+            if 300 <= status < 400:
+                detail = f"redirect to {response.getheader('Location', '?')} not followed"
+            return Answer(status, detail.strip())
+        except (OSError, http.client.HTTPException) as exc:
+            # Connection refused or reset, timeout, TLS failure: try the host's next address, if any.
+            errors.append(f"{address}: {type(exc).__name__}: {exc}".rstrip(": "))
+        finally:
+            connection.close()
+    return Answer(None, "; ".join(errors) or "no address to connect to")
+
+
+def schedule(job: Job) -> None:
+    """The job has just ended (its terminal transition won): start its callback, if it has one.
+
+    Called once per end, by Job._ended. A job that ends again after a retry of its failed rows gets
+    a new callback: the record starts over and the end is named by its finished_at, so attempts
+    still pending for the earlier end stop (the receiver gets each end's summary once it is delivered).
+    """
+    if not job.callback_url or job.finished_at is None:
+        return
+    fields: dict[str, Any] = {
+        "callback_status": CallbackStatus.PENDING,
+        "callback_attempts": 0,
+        "callback_last_status": None,
+        "callback_last_error": "",
+        "callback_last_at": None,
+    }
+    if not Job.objects.filter(pk=job.pk, finished_at=job.finished_at).update(**fields):
+        return  # requeued already: its next end will call back
+    for name, value in fields.items():
+        setattr(job, name, value)
+    ended_at = job.finished_at.isoformat()
+    job_id = job.pk
+
+    from jobs.tasks import send_callback  # the task module imports this one
+
+    transaction.on_commit(lambda: send_callback(job_id, ended_at, attempt=1))
+
+
+def attempt(job_id: int, ended_at: str, number: int, *, now: datetime | None = None) -> float | None:
+    """Make delivery attempt `number` for the end of job `job_id` at `ended_at`; seconds until the next
+    attempt, or None when there is none (delivered, given up, or this message is stale).
+
+    The attempt is claimed first by a conditional UPDATE (attempts n-1 -> n, for this end, still
+    pending): a redelivered or duplicated message claims nothing and sends nothing.
+    """
+    now = now or timezone.now()
+    mine = Job.objects.filter(
+        pk=job_id,
+        finished_at=datetime.fromisoformat(ended_at),
+        callback_status=CallbackStatus.PENDING,
+        callback_attempts=number - 1,
+    )
+    if not mine.update(callback_attempts=number, callback_last_at=now):
+        return None
+    job = Job.objects.get(pk=job_id)
+    body = body_of(job)
+    timestamp = int(now.timestamp())
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": USER_AGENT,
+        TIMESTAMP_HEADER: str(timestamp),
+        SIGNATURE_HEADER: sign(secret_for(job.owner_id), timestamp, body),
+        "X-Job-Id": str(job.pk),
+        "X-Callback-Attempt": str(number),
+    }
+    try:
+        answer = post(
+            job.callback_url,
+            body,
+            headers,
+            timeout_s=settings.JOBS_CALLBACK_TIMEOUT_S,
+            allow_private=settings.JOBS_CALLBACK_ALLOW_PRIVATE,
+        )
+        outcome = outcome_of(answer)
+    except Unresolvable as refused:
+        answer, outcome = Answer(None, str(refused)), Outcome.RETRY
+    except CallbackRefused as refused:  # now a private address: policy, not a passing failure
+        answer, outcome = Answer(None, str(refused)), Outcome.GIVE_UP
+    last = number >= settings.JOBS_CALLBACK_ATTEMPTS
+    if outcome is Outcome.DELIVERED:
+        status = CallbackStatus.DELIVERED
+    elif outcome is Outcome.GIVE_UP or last:
+        status = CallbackStatus.FAILED
+    else:
+        status = CallbackStatus.PENDING
+    mine = Job.objects.filter(pk=job_id, finished_at=job.finished_at, callback_attempts=number)
+    mine.update(callback_status=status, callback_last_status=answer.status, callback_last_error=answer.error[:500])
+    log = logger.info if status == CallbackStatus.DELIVERED else logger.warning
+    log("job %s callback attempt %d: %s (%s)", job_id, number, answer.status or answer.error, status)
+    if status != CallbackStatus.PENDING:
+        return None
+    return retry_delay_s(number, settings.JOBS_CALLBACK_BACKOFF_S)

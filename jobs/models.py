@@ -183,6 +183,7 @@ class Job(models.Model):
             )
             if moved:
                 self.upload_parts.all().delete()
+                self._ended()
         return moved
 
     @classmethod
@@ -209,6 +210,7 @@ class Job(models.Model):
             self.upload_parts.all().delete()  # an ingest in progress stops at its next read
         self.refresh_from_db()
         self.refresh_counts()
+        self._ended()
         return True
 
     def finish(self) -> bool:
@@ -223,7 +225,17 @@ class Job(models.Model):
         else:
             status = JobStatus.PARTIAL
         error = f"{self.failed_rows} of {self.total_rows} rows failed" if self.failed_rows else ""
-        return self._move(RUNNABLE, status=status, finished_at=timezone.now(), error=error)
+        moved = self._move(RUNNABLE, status=status, finished_at=timezone.now(), error=error)
+        if moved:
+            self._ended()
+        return moved
+
+    def _ended(self) -> None:
+        """Every move into a terminal status calls this once, in the process whose UPDATE won:
+        the one place that reacts to a job's end (its callback, jobs/callbacks.py)."""
+        from jobs.callbacks import schedule  # callbacks imports this module
+
+        schedule(self)
 
     def requeue_failed(self) -> tuple[int, list[Chunk]]:
         """An ended job's failed rows -> PENDING, their chunks -> QUEUED, the job -> QUEUED.

@@ -1,4 +1,5 @@
-"""Celery tasks of the offline path (thin: the work is in jobs/lifecycle.py, jobs/runner.py and jobs/reconcile.py)."""
+"""Celery tasks of the offline path (thin: the work is in jobs/lifecycle.py, jobs/runner.py, jobs/reconcile.py,
+jobs/callbacks.py and jobs/retention.py), and the offline worker's housekeeping threads."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from typing import Any
 
 from celery import signals
 from django.conf import settings
+from kombu import Exchange, Queue
 
 from inference import worker_process
 from inference.batching import AdaptiveBatches
+from jobs import callbacks, retention
 from jobs.keys import RECONCILER
 from jobs.lifecycle import run_ingest
 from jobs.reconcile import reconcile
@@ -50,7 +53,40 @@ def ingest_upload(job_id: int) -> None:
         run_ingest(job_id)
 
 
+# Job callbacks travel on a queue of their own, which the offline worker consumes beside `offline`.
+# On `offline` a callback would queue behind every chunk already waiting there (a big job's
+# thousands), as its worker takes a message only when a batch's chunks are acknowledged: hours
+# behind a large backlog. On its own queue it is taken at the next free prefetch slot and runs
+# after at most the batch in progress (seconds), in the pool like any plain task. Its own exchange,
+# for the reason platform_/celery.py gives.
+CALLBACK_QUEUE = Queue("callbacks", Exchange("callbacks", type="direct"), routing_key="callbacks")
+
+
+# Not acks_late: a lost attempt leaves the job's callback `pending` (the record says so) rather than
+# posting twice. The soft limit turns a receiver that trickles its answer into a retried error.
+@app.task(
+    name="jobs.deliver_callback",
+    ignore_result=True,
+    soft_time_limit=settings.JOBS_CALLBACK_TIMEOUT_S * 3,
+    time_limit=settings.JOBS_CALLBACK_TIMEOUT_S * 3 + 10,
+)
+def deliver_callback(job_id: int, ended_at: str, attempt: int) -> None:
+    retry_in_s = callbacks.attempt(job_id, ended_at, attempt)
+    if retry_in_s is not None:
+        send_callback(job_id, ended_at, attempt + 1, countdown_s=retry_in_s)
+
+
+def send_callback(job_id: int, ended_at: str, attempt: int, countdown_s: float = 0.0) -> None:
+    """Queue delivery attempt `attempt` of the callback for this end of the job."""
+    deliver_callback.apply_async(
+        kwargs={"job_id": job_id, "ended_at": ended_at, "attempt": attempt},
+        queue=CALLBACK_QUEUE,
+        countdown=countdown_s or None,
+    )
+
+
 _reconciler: Periodic | None = None
+_expirer: Periodic | None = None
 
 
 @signals.celeryd_after_setup.connect  # after -Q is applied, before the pool forks its children
@@ -59,15 +95,30 @@ def _lower_priority(**_: Any) -> None:
         lower_cpu_priority(settings.OFFLINE_NICE)
 
 
+@signals.celeryd_after_setup.connect  # before the consumer starts; inference/queues.py keeps named queues
+def _consume_callbacks(instance: Any, **_: Any) -> None:
+    if worker_role() == "offline":
+        instance.app.amqp.queues.select_add(CALLBACK_QUEUE)
+
+
 @signals.worker_ready.connect
 def _start_reconciler(**_: Any) -> None:
     global _reconciler
     if worker_role() == "offline":
         _reconciler = Periodic(RECONCILER, settings.JOBS_RECONCILE_S, reconcile)
         _reconciler.start()
+        _start_expirer()
+
+
+def _start_expirer() -> None:
+    global _expirer
+    if settings.JOBS_RESULT_TTL_DAYS > 0:
+        _expirer = Periodic(retention.EXPIRER, settings.JOBS_EXPIRE_INTERVAL_S, retention.run)
+        _expirer.start()
 
 
 @signals.worker_shutdown.connect
 def _stop_reconciler(**_: Any) -> None:
-    if _reconciler:
-        _reconciler.stop()
+    for thread in (_reconciler, _expirer):
+        if thread:
+            thread.stop()

@@ -301,6 +301,8 @@ JOBS_MAX_INGESTING_PER_USER = env.int("JOBS_MAX_INGESTING_PER_USER", default=2)
 # JOBS_RESULT_TTL_DAYS: ended jobs (their rows, results and files) are deleted this many days after
 # they end; 0 keeps them forever.
 JOBS_RESULT_TTL_DAYS = env.int("JOBS_RESULT_TTL_DAYS", default=30)
+# JOBS_EXPIRE_INTERVAL_S: how often the offline worker deletes jobs past JOBS_RESULT_TTL_DAYS.
+JOBS_EXPIRE_INTERVAL_S = env.float("JOBS_EXPIRE_INTERVAL_S", default=3600.0)
 # JOBS_CALLBACK_ALLOW_PRIVATE: allow job callbacks to private, loopback and link-local addresses
 # (a test receiver on localhost, a receiver inside the cluster). Off: such URLs are refused, so a
 # user cannot make the platform call its own internal services.
@@ -309,6 +311,11 @@ JOBS_CALLBACK_ALLOW_PRIVATE = env.bool("JOBS_CALLBACK_ALLOW_PRIVATE", default=Fa
 JOBS_CALLBACK_ATTEMPTS = env.int("JOBS_CALLBACK_ATTEMPTS", default=6)
 # JOBS_CALLBACK_TIMEOUT_S: how long one delivery attempt waits for the receiver.
 JOBS_CALLBACK_TIMEOUT_S = env.float("JOBS_CALLBACK_TIMEOUT_S", default=10.0)
+# JOBS_CALLBACK_BACKOFF_S: wait before a callback's second attempt, doubled before each next one.
+JOBS_CALLBACK_BACKOFF_S = env.float("JOBS_CALLBACK_BACKOFF_S", default=30.0)
+# JOBS_CALLBACK_BASE_URL: the platform's public URL (https://jobs.example.com); callbacks' result
+# links are absolute under it, and paths (/api/v1/jobs/1/results) when it is empty.
+JOBS_CALLBACK_BASE_URL = env.str("JOBS_CALLBACK_BASE_URL", default="")
 # JOBS_CREATE_RATE: job uploads one user may make (DRF rate: "60/min", "1000/hour"); over it, 429.
 JOBS_CREATE_RATE = env.str("JOBS_CREATE_RATE", default="60/min")
 # JOBS_RESULTS_RATE: results requests (JSON pages and CSV exports) one user may make; over it, 429.
