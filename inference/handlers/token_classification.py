@@ -142,7 +142,7 @@ class TokenClassificationHandler(Handler):
         id2label = model.config.id2label
         self.labels = [str(id2label.get(i, i)) for i in range(model.config.num_labels)]
 
-    def tokenize(self, texts: list[Any]) -> list[Any]:
+    def tokenize(self, texts: list[Any]) -> list[EncodedText]:
         """Ids, offsets and word ids per text, truncated to max_seq_length tokens but not padded."""
         encoded = self.tokenizer(
             texts,
@@ -168,16 +168,16 @@ class TokenClassificationHandler(Handler):
     def cost(self, item: Any) -> tuple[int, int]:
         return 1, len(item.input_ids)
 
-    def forward(self, ids: list[Any]) -> list[dict[str, Any]]:
-        """One forward pass over the batch padded to its longest text; entities per text."""
-        input_ids, attention_mask = self.to_device([item.input_ids for item in ids])
+    def forward(self, items: list[Any]) -> list[dict[str, Any]]:
+        """One forward pass over the batch (EncodedText items) padded to its longest text; entities per text."""
+        input_ids, attention_mask = self.to_device([item.input_ids for item in items])
         with torch.inference_mode():
             logits = self.run_model(input_ids, attention_mask).logits
             probs = torch.softmax(logits.float(), dim=-1)
             best_scores, best_ids = probs.max(dim=-1)
         best_scores, best_ids = best_scores.cpu(), best_ids.cpu()
         outputs = []
-        for row, item in enumerate(ids):
+        for row, item in enumerate(items):
             length = len(item.input_ids)  # padding's predictions are dropped here
             labels = [self.labels[i] for i in best_ids[row, :length].tolist()]
             entities = merge_entities(
