@@ -17,6 +17,7 @@ from typing import Any
 from django.conf import settings
 
 from inference.models import SlowRequest
+from inference.task_io import input_chars
 from observability import metrics
 from platform_.db import run_db
 from platform_.redis import get_async_redis
@@ -90,7 +91,7 @@ def observe(
     code: str | None,
     timing: dict[str, Any],
     request_id: str,
-    texts: list[str],
+    texts: list[Any],
     worker: str = "",
 ) -> None:
     """Record one finished online request (metrics now, in memory; the slow log in the background)."""
@@ -102,7 +103,8 @@ def observe(
             "model": model,
             "status": status,
             "inputs": len(texts),
-            "input_chars": sum(len(t) for t in texts),
+            # Strings, or objects counted by their fields (a question plus its context).
+            "input_chars": sum(input_chars(item) for item in texts),
             "total_ms": total_ms,
             "worker": worker,
             "batch_size": timing.get("batch_size"),

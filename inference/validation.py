@@ -9,6 +9,7 @@ from typing import Any
 
 from django.utils.http import parse_header_parameters
 
+from inference import task_io
 from platform_.errors import ApiError
 
 _TYPE_NAMES = {
@@ -75,35 +76,78 @@ def parse_json_body(content_type: str, body: bytes, *, max_depth: int = 32, max_
         raise _invalid(f"the JSON is nested too deep; the limit is {max_depth} levels") from None
 
 
-def validate_inputs(payload: Any, *, max_inputs: int, max_chars: int) -> list[str]:
-    """The list of texts in `payload["inputs"]`, or a 400 that says what is wrong and where."""
+def validate_inputs(
+    payload: Any, *, max_inputs: int, max_chars: int, task: str | None = None, model: str = ""
+) -> list[Any]:
+    """The inputs in `payload["inputs"]`, or a 400 that says what is wrong and where.
+
+    Each input has `task`'s shape (inference/task_io.py): a plain string for text tasks (and when
+    `task` is None), else an object with exactly the task's fields, each a non-empty string within
+    `max_chars`. `model` is named in the message when an input has the wrong shape.
+    """
+    fields = ("text",) if task is None else task_io.input_fields(task)
+    text_task = fields == ("text",)
+    # The texts' messages stay as they were; objects are called inputs.
+    noun, kind = ("texts", "strings") if text_task else ("inputs", "objects " + _object_shape(fields))
     if not isinstance(payload, dict):
+        example = '["text"]' if text_task else f"[{_object_shape(fields)}]"
         raise _invalid(
-            f'the body must be a JSON object like {{"inputs": ["text"]}}, got {_TYPE_NAMES.get(type(payload), "a string")}'
+            f'the body must be a JSON object like {{"inputs": {example}}}, got {_TYPE_NAMES.get(type(payload), "a string")}'
         )
     if "inputs" not in payload:
-        raise _invalid(f"`inputs` is required: a list of 1 to {max_inputs} texts")
+        raise _invalid(f"`inputs` is required: a list of 1 to {max_inputs} {noun}")
     inputs = payload["inputs"]
     if not isinstance(inputs, list):
-        raise _invalid(f"`inputs` must be a list of strings, got {_TYPE_NAMES.get(type(inputs), 'a string')}")
+        raise _invalid(f"`inputs` must be a list of {kind}, got {_TYPE_NAMES.get(type(inputs), 'a string')}")
     if not inputs:
-        raise _invalid(f"`inputs` is empty: send 1 to {max_inputs} texts")
+        raise _invalid(f"`inputs` is empty: send 1 to {max_inputs} {noun}")
     if len(inputs) > max_inputs:
-        raise _invalid(f"`inputs` has {len(inputs)} texts; the limit is {max_inputs} per request")
-    for index, text in enumerate(inputs):
-        if not isinstance(text, str):
-            raise _invalid(f"inputs[{index}] is {_TYPE_NAMES.get(type(text), 'not a string')}, not a string")
-        if not text.strip():
-            raise _invalid(f"inputs[{index}] is empty")
-        if len(text) > max_chars:
-            raise _invalid(f"inputs[{index}] is {len(text)} characters; the limit is {max_chars}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800"): valid JSON, but not text
-            raise _invalid(
-                f"inputs[{index}] is not valid Unicode text: {exc.reason} at character {exc.start}"
-            ) from None
+        raise _invalid(f"`inputs` has {len(inputs)} {noun}; the limit is {max_inputs} per request")
+    for index, item in enumerate(inputs):
+        if text_task:
+            if not isinstance(item, str):
+                raise _invalid(f"inputs[{index}] is {_TYPE_NAMES.get(type(item), 'not a string')}, not a string")
+            _check_text(item, f"inputs[{index}]", max_chars)
+        else:
+            _check_object(item, index, fields, max_chars, task, model)
     return inputs
+
+
+def _object_shape(fields: tuple[str, ...]) -> str:
+    """How an object input is written in messages: {"question": ..., "context": ...}."""
+    return "{" + ", ".join(f'"{name}": ...' for name in fields) + "}"
+
+
+def _check_object(item: Any, index: int, fields: tuple[str, ...], max_chars: int, task: str | None, model: str) -> None:
+    where = f"inputs[{index}]"
+    if not isinstance(item, dict):
+        got = _TYPE_NAMES.get(type(item), "a string")
+        raise _invalid(
+            f"{where} must be an object {_object_shape(fields)} for model {model!r} (task {task}), got {got}"
+        )
+    expected = ", ".join(fields)
+    for name in item:
+        if name not in fields:
+            shown = repr(name) if len(name) <= 40 else f"{name[:40]!r}... ({len(name)} characters)"
+            raise _invalid(f"{where} has unknown field {shown}; expected {expected}")
+    for name in fields:
+        if name not in item:
+            raise _invalid(f"{where} has no field {name!r}; expected {expected}")
+        value = item[name]
+        if not isinstance(value, str):
+            raise _invalid(f"{where}.{name} is {_TYPE_NAMES.get(type(value), 'not a string')}, not a string")
+        _check_text(value, f"{where}.{name}", max_chars)
+
+
+def _check_text(text: str, where: str, max_chars: int) -> None:
+    if not text.strip():
+        raise _invalid(f"{where} is empty")
+    if len(text) > max_chars:
+        raise _invalid(f"{where} is {len(text)} characters; the limit is {max_chars}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800"): valid JSON, but not text
+        raise _invalid(f"{where} is not valid Unicode text: {exc.reason} at character {exc.start}") from None
 
 
 def parse_deadline_ms(header: str | None, default_ms: int, max_ms: int | None = None) -> int:

@@ -27,6 +27,7 @@ from inference.api.auth import authenticate
 from inference.keys import DISPATCHERS_KEY, WORKERS_KEY
 from inference.observe import observe
 from inference.registry import ModelSpec, get_registry
+from inference.task_io import input_fields
 from inference.validation import parse_deadline_ms, parse_json_body, validate_inputs
 from inference.workers import serving_workers
 from observability.metrics import STAGES
@@ -64,7 +65,13 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
     # A large body can take the parser seconds (millions of small arrays, all within the limits): in
     # a thread, the event loop keeps serving other clients meanwhile (it gets the GIL every 5 ms).
     payload = await asyncio.to_thread(parse) if len(request.body) > _INLINE_PARSE_BYTES else parse()
-    texts = validate_inputs(payload, max_inputs=settings.ONLINE_MAX_INPUTS, max_chars=settings.ONLINE_MAX_TEXT_CHARS)
+    texts = validate_inputs(
+        payload,
+        max_inputs=settings.ONLINE_MAX_INPUTS,
+        max_chars=settings.ONLINE_MAX_TEXT_CHARS,
+        task=spec.task,
+        model=name,
+    )
     seen["texts"] = texts
     deadline_ms = parse_deadline_ms(
         request.headers.get("X-Deadline-Ms"), settings.ONLINE_DEADLINE_MS, settings.ONLINE_MAX_DEADLINE_MS
@@ -257,6 +264,8 @@ def model_list(request: Request) -> Response:
             {
                 "name": name,
                 "task": spec.task,
+                # ["text"]: inputs are plain strings; else objects with these fields (task_io.py).
+                "input_fields": list(input_fields(spec.task)),
                 "max_batch_size": spec.max_batch_size,
                 "max_seq_length": spec.max_seq_length,
                 "device": spec.device,
