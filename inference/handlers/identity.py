@@ -23,7 +23,7 @@ class _Row(list):
 
 
 class IdentityHandler:
-    """Same interface as `inference.handlers.base.Handler` (tokenize, forward, predict, warm_up), no torch."""
+    """Same interface as `inference.handlers.base.Handler` (tokenize, cost, forward, predict, warm_up), no torch."""
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
@@ -40,6 +40,9 @@ class IdentityHandler:
             row.chars = len(text)
             rows.append(row)
         return rows
+
+    def cost(self, item: list[int]) -> tuple[int, int]:
+        return 1, len(item)
 
     def forward(self, ids: list[list[int]]) -> list[dict[str, Any]]:
         return [{"chars": getattr(row, "chars", 0), "tokens": len(row)} for row in ids]
