@@ -23,6 +23,7 @@ from django.views.decorators.http import require_POST
 
 from inference.labels import labels_for
 from jobs import export, lifecycle
+from jobs.display import answer_html, input_html
 from jobs.models import CallbackSecret, Job, JobRow, JobStatus, RowStatus
 
 # One product: the admin is branded as the platform and links back to its pages (templates/admin/base_site.html).
@@ -106,7 +107,20 @@ class JobAdmin(admin.ModelAdmin):
     fieldsets = [
         (None, {"fields": ["filename", "model", "owner", "status", "progress_bar", "label_summary", "error"]}),
         ("Timing", {"fields": ["created", "started", "finished", "elapsed", "rows_per_s_shown", "eta"]}),
-        ("Upload", {"fields": ["text_column", "id_column", "encoding", "delimiter", "upload_size", "ingested_rows"]}),
+        (
+            "Upload",
+            {
+                "fields": [
+                    "text_column",
+                    "input_columns",
+                    "id_column",
+                    "encoding",
+                    "delimiter",
+                    "upload_size",
+                    "ingested_rows",
+                ]
+            },
+        ),
         (
             "Ingest bookkeeping",
             {"classes": ["collapse"], "fields": ["ingest_attempts", "ingest_claimed", "ingest_progress"]},
@@ -441,15 +455,15 @@ class JobRowAdmin(admin.ModelAdmin):
         shown = row.text if len(row.text) <= TEXT_SHOWN_CHARS else row.text[: TEXT_SHOWN_CHARS - 1] + "…"
         return format_html('<span class="row-text" title="{}">{}</span>', row.text[:TEXT_TITLE_CHARS], shown)
 
-    @admin.display(description="text")
+    @admin.display(description="input")
     def text_full(self, row: JobRow) -> str:
-        return row.text
+        return input_html(row)
 
-    @admin.display(description="label", ordering="label")
+    @admin.display(description="label / answer", ordering="label")
     def predicted(self, row: JobRow) -> str:
         if row.status != RowStatus.DONE:
             return format_html('<span class="row-status-{}" title="{}">{}</span>', row.status, row.error, row.status)
-        return row.label
+        return answer_html(row) or row.label
 
     @admin.display(description="score", ordering="score")
     def score_shown(self, row: JobRow) -> str:
@@ -465,9 +479,14 @@ class JobRowAdmin(admin.ModelAdmin):
     def runner_up_shown(self, row: JobRow) -> str:
         second = runner_up(row)
         if second is None:
-            return format_html(
-                '<span title="{}">{}</span>', "not stored: this row's output has only the top label", NOT_STORED
-            )
+            output = row.output if isinstance(row.output, dict) else None
+            if output is None:
+                why = "no output yet"
+            elif "label" in output:
+                why = "not stored: this row's output has only the top label"
+            else:
+                why = "this task answers no labels"
+            return format_html('<span title="{}">{}</span>', why, NOT_STORED)
         return format_html('{} <span class="row-muted">{}</span>', second[0], f"{second[1]:.3f}")
 
     @admin.display(description="reviewed by", ordering="reviewed_by__username")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from django import forms
 
 from inference.registry import get_registry
+from inference.task_io import input_fields
+from jobs.ingest import column_field
 
 
 class UploadForm(forms.Form):
@@ -16,7 +18,22 @@ class UploadForm(forms.Form):
         widget=forms.ClearableFileInput(attrs={"accept": ".csv,.tsv,.txt,text/csv,text/plain"}),
     )
     model = forms.ChoiceField()
-    text_column = forms.CharField(initial="text", help_text="the header of the column to classify")
+    # Left blank, the text column is "text"; not prefilled, so that a question-answering upload (which
+    # refuses a text column) does not carry one the person never typed.
+    text_column = forms.CharField(
+        required=False,
+        max_length=255,
+        help_text="the header of the column to run (default: text); not for question-answering models",
+        widget=forms.TextInput(attrs={"placeholder": "text"}),
+    )
+    question_column = forms.CharField(
+        required=False, max_length=255, help_text="question-answering models: the header of the questions' column"
+    )
+    context_column = forms.CharField(
+        required=False,
+        max_length=255,
+        help_text="question-answering models: the header of the contexts' column (the passages answers come from)",
+    )
     id_column = forms.CharField(required=False, label="ID column", help_text="optional: copied to the results")
     delimiter = forms.ChoiceField(
         required=False,
@@ -29,8 +46,16 @@ class UploadForm(forms.Form):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         registry = get_registry()
-        self.fields["model"].choices = [(name, name) for name in registry.names()]
+        self.fields["model"].choices = [(name, f"{name} ({registry.get(name).task})") for name in registry.names()]
         self.fields["model"].initial = registry.default
+
+    @property
+    def column_fields_by_model(self) -> dict[str, list[str]]:
+        """Model -> the column fields its task reads, for the page's script to show only those."""
+        registry = get_registry()
+        return {
+            name: [column_field(field) for field in input_fields(registry.get(name).task)] for name in registry.names()
+        }
 
     @property
     def file_must_be_chosen_again(self) -> bool:

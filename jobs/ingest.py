@@ -5,7 +5,11 @@ first rows, so the usual mistakes get their 400 at once), and an offline worker 
 stored upload with `read_rows` (jobs/lifecycle.py `run_ingest`). Bytes are decoded in blocks and split
 into lines after decoding, so UTF-16 and UTF-32 files split correctly, and an undecodable byte is
 reported with its line and column. Errors that make the file unusable raise IngestError; an empty or
-oversized text cell fails only its row.
+oversized cell fails only its row.
+
+Which columns are read follows the model's task (inference/task_io.py): one CSV column per input
+field, named by the upload's `<field>_column` (`text_column` for text tasks; `question_column` and
+`context_column` for question-answering). `input_columns` turns those upload fields into the mapping.
 """
 
 from __future__ import annotations
@@ -13,9 +17,11 @@ from __future__ import annotations
 import codecs
 import csv
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, NamedTuple, Protocol
+
+from inference.task_io import INPUT_FIELDS, input_fields, takes_text
 
 DELIMITERS = (",", ";", "\t")
 _DELIMITER_NAMES = {",": "comma", ";": "semicolon", "\t": "tab"}
@@ -41,11 +47,15 @@ csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
 
 
 class IngestError(Exception):
-    """The file cannot be used; the message says why, in terms the uploader can act on."""
+    """The file cannot be used; the message says why, in terms the uploader can act on.
 
-    def __init__(self, message: str, status: int = 400) -> None:
+    `field` is the upload field to blame (the API's error key, the form field marked): `file` unless
+    a column field was wrong.
+    """
+
+    def __init__(self, message: str, status: int = 400, field: str = "file") -> None:
         super().__init__(message)
-        self.message, self.status = message, status
+        self.message, self.status, self.field = message, status, field
 
 
 @dataclass(frozen=True)
@@ -60,12 +70,66 @@ class Readable(Protocol):
     def read(self, size: int = -1, /) -> bytes: ...
 
 
+def column_field(field: str) -> str:
+    """The upload field naming the CSV column of an input field: "question" -> "question_column"."""
+    return f"{field}_column"
+
+
+# Every `<field>_column` an upload may carry, in a stable order: text_column, question_column, ...
+COLUMN_FIELDS: tuple[str, ...] = tuple(
+    dict.fromkeys(column_field(field) for fields in INPUT_FIELDS.values() for field in fields)
+)
+
+
+def input_columns(model: str, task: str, given: Mapping[str, str]) -> dict[str, str]:
+    """Input field -> CSV column for `model`'s task, from the upload's `<field>_column` values.
+
+    `text_column` may be left out (it means "text"), the other fields may not. A column field the task
+    does not read is refused rather than ignored: a client naming `text_column` for a question-answering
+    model believes a column is read that is not.
+    """
+    fields = input_fields(task)
+    wanted = [column_field(field) for field in fields]
+    chosen = {name: (given.get(name) or "").strip() for name in COLUMN_FIELDS}
+    if takes_text(task) and not chosen["text_column"]:
+        chosen["text_column"] = "text"
+    missing = [name for name in wanted if not chosen[name]]
+    if missing:
+        raise IngestError(
+            f"model {model!r} (task {task}) needs {' and '.join(wanted)}; missing: {', '.join(missing)}",
+            field=missing[0],
+        )
+    extra = [name for name in COLUMN_FIELDS if chosen[name] and name not in wanted]
+    if extra:
+        raise IngestError(
+            f"model {model!r} (task {task}) reads {' and '.join(wanted)}, not {', '.join(extra)}; leave it out",
+            field=extra[0],
+        )
+    return {field: chosen[column_field(field)] for field in fields}
+
+
+def field_error(field: str, value: object, max_chars: int) -> str:
+    """Why one input field's value cannot run ("" when it can); the message names the field."""
+    if not isinstance(value, str) or not value.strip():
+        return f"empty {field}"
+    if len(value) > max_chars:
+        return f"{field} too long: {len(value)} characters, the limit is {max_chars}"
+    return ""
+
+
 def row_error(text: str, max_text_chars: int) -> str:
     """Why a text cannot run ("" when it can); checked at ingest and again when a retried row runs."""
-    if not text.strip():
-        return "empty text"
-    if len(text) > max_text_chars:
-        return f"text too long: {len(text)} characters, the limit is {max_text_chars}"
+    return field_error("text", text, max_text_chars)
+
+
+def inputs_error(inputs: object, fields: tuple[str, ...], max_chars: int) -> str:
+    """Why a structured input cannot run ("" when it can): the first field that is empty or too long."""
+    if not isinstance(inputs, dict):
+        return f"no {' and '.join(fields)} stored for this row"
+    for field in fields:
+        error = field_error(field, inputs.get(field), max_chars)
+        if error:
+            return error
     return ""
 
 
@@ -164,7 +228,15 @@ def pick_delimiter(header_line: str, given: str | None) -> str:
     return best if counts[best] else ","
 
 
-Row = tuple[int, str, str, str]  # index, external id, text, row error
+class Row(NamedTuple):
+    """One data row: `text` is what is shown and searched (a text task's input; a question's text);
+    `inputs` the structured input of other tasks (None for text tasks); `error` fails the row alone."""
+
+    index: int
+    external_id: str
+    text: str
+    error: str
+    inputs: dict[str, str] | None = None
 
 
 class CsvRows(NamedTuple):
@@ -179,9 +251,19 @@ def _clean(cell: str) -> str:
 
 
 def read_rows(
-    binary: Readable, *, encoding: str, text_column: str, id_column: str, delimiter: str | None, limits: IngestLimits
+    binary: Readable,
+    *,
+    encoding: str,
+    columns: Mapping[str, str],
+    id_column: str,
+    delimiter: str | None,
+    limits: IngestLimits,
 ) -> CsvRows:
-    """The file's rows, lazily; header problems raise at once, later ones while iterating."""
+    """The file's rows, lazily; header problems raise at once, later ones while iterating.
+
+    `columns` maps each input field to its CSV column ({"text": "body"}, or {"question": "q",
+    "context": "passage"}): a single "text" field makes plain text rows, others structured ones.
+    """
     source = _Lines(binary, encoding)
     lines = iter(source)
     first = next(lines, None)
@@ -192,29 +274,46 @@ def read_rows(
     chosen = pick_delimiter(first, delimiter)
     reader = csv.reader(itertools.chain([first], lines), delimiter=chosen)
     header = [_clean(name).strip() for name in next(reader)]
-    if text_column not in header:
-        raise IngestError(
-            f"text column {text_column!r} not found; the {_DELIMITER_NAMES[chosen]}-separated header has: "
-            + ", ".join(repr(h) for h in header)
-        )
+    for field, column in columns.items():
+        if column not in header:
+            raise IngestError(
+                f"{field} column {column!r} not found; the {_DELIMITER_NAMES[chosen]}-separated header has: "
+                + ", ".join(repr(h) for h in header),
+                field=column_field(field),
+            )
     if id_column and id_column not in header:
-        raise IngestError(f"id column {id_column!r} not found; the header has: " + ", ".join(repr(h) for h in header))
-    text_at = header.index(text_column)
+        raise IngestError(
+            f"id column {id_column!r} not found; the header has: " + ", ".join(repr(h) for h in header),
+            field="id_column",
+        )
+    positions = {field: header.index(column) for field, column in columns.items()}
+    structured = list(positions) != ["text"]
     id_at = header.index(id_column) if id_column else None
+
+    def cell(record: list[str], at: int | None) -> str:
+        return _clean(record[at]) if at is not None and at < len(record) else ""
 
     def rows() -> Iterator[Row]:
         index = 0
+        keep_chars = limits.max_text_chars + 1  # one past the limit: a retried row fails the same check again
         try:
             for record in reader:
                 if not record:
                     continue  # a blank line; a line holding an empty quoted cell is an empty text
                 if index >= limits.max_rows:
                     raise IngestError(f"the file has more than {limits.max_rows} data rows, the limit per job")
-                text = _clean(record[text_at]) if text_at < len(record) else ""
-                external_id = _clean(record[id_at]) if id_at is not None and id_at < len(record) else ""
-                error = row_error(text, limits.max_text_chars)
-                # One character past the limit is kept, so a retried row fails the same check again.
-                yield index, external_id[:255], text[: limits.max_text_chars + 1], error
+                external_id = cell(record, id_at)[:255]
+                values = {field: cell(record, at) for field, at in positions.items()}
+                error = next(
+                    (e for field, value in values.items() if (e := field_error(field, value, limits.max_text_chars))),
+                    "",
+                )
+                values = {field: value[:keep_chars] for field, value in values.items()}
+                if structured:
+                    # The first field (a question) is the row's readable text in lists, search and admin.
+                    yield Row(index, external_id, next(iter(values.values())), error, values)
+                else:
+                    yield Row(index, external_id, values["text"], error)
                 index += 1
         except csv.Error as exc:
             raise IngestError(f"line {source.line_no}: malformed CSV ({exc})") from None
@@ -225,13 +324,19 @@ def read_rows(
 
 
 def preflight(
-    binary: IO[bytes], *, encoding: str, text_column: str, id_column: str, delimiter: str | None, limits: IngestLimits
+    binary: IO[bytes],
+    *,
+    encoding: str,
+    columns: Mapping[str, str],
+    id_column: str,
+    delimiter: str | None,
+    limits: IngestLimits,
 ) -> CsvRows:
     """Check the header and the first PREFLIGHT_ROWS rows (and the first block's bytes); the rows are consumed."""
     parsed = read_rows(
         binary,
         encoding=check_encoding(encoding),
-        text_column=text_column,
+        columns=columns,
         id_column=id_column,
         delimiter=delimiter,
         limits=limits,

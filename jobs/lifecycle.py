@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import IO
 
 from django.conf import settings
@@ -16,7 +16,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from jobs.ingest import IngestError, IngestLimits, preflight, read_rows
+from inference.registry import get_registry
+from inference.task_io import takes_text
+from jobs.ingest import IngestError, IngestLimits, input_columns, preflight, read_rows
 from jobs.models import Chunk, Job, JobRow, JobStatus, RowStatus, UploadPart
 
 logger = logging.getLogger(__name__)
@@ -39,7 +41,8 @@ def create_job(
     model: str,
     upload: IO[bytes],
     filename: str,
-    text_column: str,
+    text_column: str = "",
+    columns: Mapping[str, str] | None = None,
     id_column: str = "",
     encoding: str = "utf-8",
     delimiter: str | None = None,
@@ -47,9 +50,15 @@ def create_job(
 ) -> Job:
     """Check the file's start, store it and queue its ingest; the job answers `ingesting`.
 
-    The checks that need only the header and the first rows raise IngestError here, before anything
-    is created; problems further into the file fail the job later with the same messages.
+    `columns` are the upload's other `<field>_column` values (`question_column`, `context_column`);
+    which of them the model's task needs is `ingest.input_columns`'s to say. The checks that need only
+    the header and the first rows raise IngestError here, before anything is created; problems further
+    into the file fail the job later with the same messages.
     """
+    spec = get_registry().get(model)
+    if spec is None:
+        raise IngestError(f"unknown model {model!r}; served models: {', '.join(get_registry().names())}", field="model")
+    mapping = input_columns(model, spec.task, {**(columns or {}), "text_column": text_column})
     # Ingests run on the offline worker one at a time: one user queueing dozens would hold every
     # other user's upload behind them. Each user may have this many files waiting to be read.
     reading = Job.objects.filter(owner=owner, status=JobStatus.INGESTING).count()
@@ -62,18 +71,21 @@ def create_job(
     checked = preflight(
         upload,
         encoding=encoding,
-        text_column=text_column,
+        columns=mapping,
         id_column=id_column,
         delimiter=delimiter,
         limits=ingest_limits(),
     )
     upload.seek(0)
+    # Text tasks keep their column in `text_column`, as every job before structured inputs did.
+    structured = not takes_text(spec.task)
     with transaction.atomic():
         job = Job.objects.create(
             owner=owner,
             model=model,
             filename=filename[:255],
-            text_column=text_column,
+            text_column="" if structured else mapping["text"],
+            input_columns=mapping if structured else {},
             id_column=id_column,
             encoding=checked.encoding,
             delimiter=checked.delimiter,
@@ -184,20 +196,35 @@ def run_ingest(job_id: int) -> None:
         logger.info("ingest of job %s stopped: the job is %s", job.pk, job.status)
 
 
+def job_columns(job: Job) -> dict[str, str]:
+    """Input field -> CSV column of a job: its `input_columns`, or {"text": text_column} for text tasks."""
+    return dict(job.input_columns) if job.input_columns else {"text": job.text_column}
+
+
 def _write_rows(job: Job, upload: StoredUpload, limits: IngestLimits) -> int:
     parsed = read_rows(
         upload,
         encoding=job.encoding,
-        text_column=job.text_column,
+        columns=job_columns(job),
         id_column=job.id_column,
         delimiter=job.delimiter,
         limits=limits,
     )
     batch: list[JobRow] = []
     total = 0
-    for index, external_id, text, error in parsed.rows:
-        status = RowStatus.FAILED if error else RowStatus.PENDING
-        batch.append(JobRow(job=job, index=index, external_id=external_id, text=text, status=status, error=error))
+    for row in parsed.rows:
+        status = RowStatus.FAILED if row.error else RowStatus.PENDING
+        batch.append(
+            JobRow(
+                job=job,
+                index=row.index,
+                external_id=row.external_id,
+                text=row.text,
+                inputs=row.inputs,
+                status=status,
+                error=row.error,
+            )
+        )
         if len(batch) >= limits.batch_rows:
             total = _flush(job, batch, total, upload)
             batch = []
@@ -263,5 +290,5 @@ def pending_rows(chunks: list[Chunk]) -> list[JobRow]:
     A deferred field costs a query per row the first time it is read: `status` and `attempts` left
     out cost two SELECTs per row, which was a tenth of the offline child's time.
     """
-    fields = ("pk", "job_id", "index", "text", "status", "attempts")
+    fields = ("pk", "job_id", "index", "text", "inputs", "status", "attempts")
     return list(JobRow.objects.filter(rows_of(chunks), status=RowStatus.PENDING).only(*fields))

@@ -19,8 +19,9 @@ from inference import runtime
 from inference.admission import online_in_flight
 from inference.batching import group_by
 from inference.registry import get_registry
+from inference.task_io import input_fields, takes_text
 from jobs import lifecycle
-from jobs.ingest import row_error
+from jobs.ingest import inputs_error, row_error
 from jobs.keys import OFFLINE_YIELD_FIELD, offline_inference_field, offline_rows_field
 from jobs.models import RUNNABLE, Chunk, Job, JobRow, RowStatus
 from observability import metrics
@@ -58,7 +59,12 @@ class ResultWriter:
             if row.job_id in self.cancelled:
                 continue
             output = outputs[i]
+            # label and score are the output's own top-level ones: a classifier's label and score; a
+            # question-answering answer's score with no label (an answer is not one of a model's labels:
+            # it would flood the label summary and the review's label choices); for token-classification
+            # and embeddings neither (a row has no single confidence; each entity carries its score).
             score = output.get("score")
+            score = float(score) if isinstance(score, int | float) else None
             row.status, row.output, row.error = RowStatus.DONE, output, ""
             row.label = str(output.get("label", ""))[:100]
             row.score = score
@@ -155,15 +161,21 @@ def _run_model(model: str, chunk_ids: list[int]) -> None:
         return
     Job.start(c.job_id for c in chunks)
     rows = lifecycle.pending_rows(chunks)
+    spec = get_registry().get(model)
+    # Tasks with several input fields (question-answering) run on the row's stored `inputs`; the
+    # others on its text. A retried row is checked again, with the same messages as at ingest.
+    fields = input_fields(spec.task) if spec is not None and not takes_text(spec.task) else None
     invalid = []
     for row in rows:
-        error = row_error(row.text, settings.JOBS_MAX_TEXT_CHARS)
+        if fields:
+            error = inputs_error(row.inputs, fields, settings.JOBS_MAX_TEXT_CHARS)
+        else:
+            error = row_error(row.text, settings.JOBS_MAX_TEXT_CHARS)
         if error:
             row.status, row.error, row.attempts = RowStatus.FAILED, error, row.attempts + 1
             invalid.append(row)
     JobRow.objects.fail(invalid)
     rows = [row for row in rows if row.status == RowStatus.PENDING]
-    spec = get_registry().get(model)
     threshold = (
         spec.low_confidence_below if spec and spec.low_confidence_below is not None else settings.JOBS_LOW_CONFIDENCE
     )
@@ -176,7 +188,8 @@ def _run_model(model: str, chunk_ids: list[int]) -> None:
 
     try:
         if rows:
-            runtime.run(model, [row.text for row in rows], on_pass=writer.pass_done, before_pass=before_pass)
+            inputs = [{f: row.inputs[f] for f in fields} if fields else row.text for row in rows]
+            runtime.run(model, inputs, on_pass=writer.pass_done, before_pass=before_pass)
     except _AllCancelled:
         logger.info("every job in this offline batch was cancelled: its remaining passes are skipped")
     except Exception as exc:  # the batch's rows must end failed, not pending forever

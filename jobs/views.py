@@ -19,8 +19,10 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from inference.registry import get_registry
 from jobs import export, lifecycle
 from jobs.api.views import create_from_upload, visible_jobs
+from jobs.display import answer_html, snippet_html
 from jobs.forms import UploadForm
 from jobs.ingest import IngestError
 from jobs.models import Job, JobStatus, RowStatus
@@ -92,7 +94,8 @@ def job_list(request: HttpRequest) -> HttpResponse:
         try:
             job = create_from_upload(request.user, form.cleaned_data, form.cleaned_data["file"])
         except IngestError as error:
-            form.add_error("file", error.message)
+            # The field to blame (a column, the model), or the file itself.
+            form.add_error(error.field if error.field in form.fields else "file", error.message)
             status = error.status
         else:
             messages.success(request, f"Job {job.pk} created: the file is being read, then its rows are classified.")
@@ -142,12 +145,18 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     job = describe(get_object_or_404(visible_jobs(request.user), pk=pk))
     params = {k: v for k, v in request.GET.items() if k in ("status", "label", "low_confidence") and v}
     rows, others = _paged(export.filtered_rows(job, params), request, ROWS_PER_PAGE)
+    for row in rows:  # answers and entities, read from the stored output (jobs/display.py)
+        row.answer_shown, row.snippet = answer_html(row), snippet_html(row)
     labels = label_summary(job)
+    spec = get_registry().get(job.model)
     filters = [(name, urlencode(query), query == params) for name, query in ROW_FILTERS]
     context = {
         "job": job,
+        "task": spec.task if spec else "",
         "rows": rows,
         "others": others,
+        # Question-answering, entities and embeddings answer no label: the labels card would only count "(none)".
+        "labelled": any(item["label"] for item in labels),
         "labels": labels,
         "low_rows": sum(item["low"] for item in labels),
         "review_url": REVIEW_URL.format(pk=job.pk),

@@ -25,7 +25,8 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = [
-            "id", "owner", "model", "status", "filename", "text_column", "id_column", "encoding", "delimiter",
+            "id", "owner", "model", "status", "filename", "text_column", "input_columns", "id_column", "encoding",
+            "delimiter",
             "upload_bytes", "ingested_rows", "ingest_progress",
             "total_rows", "done_rows", "failed_rows", "progress", "rows_per_s", "eta_s",
             "created_at", "started_at", "finished_at", "error",
@@ -47,7 +48,30 @@ class JobCreateSerializer(serializers.Serializer):
 
     file = serializers.FileField()
     model = serializers.CharField(required=False, help_text="a served model name; default: the registry's default")
-    text_column = serializers.CharField(default="text")
+    # One `<field>_column` per input field of the model's task (inference/task_io.py); which are
+    # needed, and that none is given that the task does not read, is checked by ingest.input_columns.
+    text_column = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        max_length=255,
+        help_text="text tasks (router, classification, embedding, token-classification): the column to run; "
+        "default: text. Refused for question-answering models",
+    )
+    question_column = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        max_length=255,
+        help_text="question-answering models: the column of questions",
+    )
+    context_column = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        max_length=255,
+        help_text="question-answering models: the column of contexts (passages the answer is taken from)",
+    )
     id_column = serializers.CharField(required=False, allow_blank=True, default="")
     encoding = serializers.CharField(
         default="utf-8",
@@ -81,10 +105,24 @@ class JobCreateSerializer(serializers.Serializer):
 
 
 class RowSerializer(serializers.ModelSerializer):
+    """One row: its input (`text`; `inputs` for tasks with several input fields) and the model's `output`."""
+
+    inputs = serializers.JSONField(
+        read_only=True,
+        allow_null=True,
+        help_text='the structured input, e.g. {"question", "context"} for question-answering; null for text tasks',
+    )
+    output = serializers.JSONField(
+        read_only=True,
+        allow_null=True,
+        help_text='the model\'s answer as the predict API gives it: {"label", "score", "scores"}, '
+        '{"answer", "start", "end", "score"} (offsets into the context), {"entities", "truncated"}, ...',
+    )
+
     class Meta:
         model = JobRow
         fields = [
-            "index", "external_id", "text", "status", "label", "score", "output", "error", "attempts",
+            "index", "external_id", "text", "inputs", "status", "label", "score", "output", "error", "attempts",
             "low_confidence", "corrected_label",
         ]  # fmt: skip
         read_only_fields = fields

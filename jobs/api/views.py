@@ -19,7 +19,7 @@ from inference.registry import get_registry
 from jobs import export, lifecycle
 from jobs.api.serializers import JobCreateSerializer, JobSerializer, RowSerializer
 from jobs.api.throttles import JobCreateThrottle, ResultsThrottle
-from jobs.ingest import IngestError
+from jobs.ingest import COLUMN_FIELDS, IngestError
 from jobs.models import Job
 
 
@@ -63,7 +63,8 @@ def create_from_upload(user, data: dict, upload) -> Job:
         model=data.get("model") or get_registry().default,
         upload=upload.open("rb"),
         filename=upload.name or "",
-        text_column=data["text_column"],
+        text_column=data.get("text_column") or "",
+        columns={name: data.get(name) or "" for name in COLUMN_FIELDS if name != "text_column"},
         id_column=data.get("id_column") or "",
         encoding=data.get("encoding") or "utf-8",
         delimiter=delimiter,
@@ -107,7 +108,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
                 raise PayloadTooLarge(error.message) from None
             if error.status == 429:
                 raise exceptions.Throttled(detail=error.message) from None
-            raise exceptions.ValidationError({"file": [error.message]}) from None
+            raise exceptions.ValidationError({error.field: [error.message]}) from None
         # 202: the file's start is checked; the rest is read by a worker (status `ingesting`, then queued).
         return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_202_ACCEPTED)
 

@@ -26,7 +26,7 @@ def rows_of(data: bytes, text_column="text", id_column="", encoding="utf-8", del
     chosen, _, rows = read_rows(
         io.BytesIO(data),
         encoding=encoding,
-        text_column=text_column,
+        columns={"text": text_column},
         id_column=id_column,
         delimiter=delimiter,
         limits=LIMITS,
@@ -118,7 +118,7 @@ def test_utf16_and_utf32_with_a_bom_split_into_the_right_lines(codec):
     bom = {"utf-16-be": codecs.BOM_UTF16_BE, "utf-32-be": codecs.BOM_UTF32_BE}.get(codec, b"")
     data = bom + text.encode(codec)
     for given in ("utf-8", codec):  # the byte-order mark decides, whatever the encoding given
-        parsed = read_rows(io.BytesIO(data), encoding=check_encoding(given), text_column="text",
+        parsed = read_rows(io.BytesIO(data), encoding=check_encoding(given), columns={"text": "text"},
                            id_column="id", delimiter=None, limits=LIMITS)  # fmt: skip
         assert [(r[1], r[2]) for r in parsed.rows] == [("a", "where is my parcel"), ("b", "two\nlines")]
 
@@ -140,7 +140,7 @@ def test_an_error_deep_in_a_file_names_its_line():
     data = b"text\n" + b"row\n" * 30_000 + b"\xff\n"
     limits = IngestLimits(max_rows=100_000, max_text_chars=50, batch_rows=2, chunk_rows=2)
     with pytest.raises(IngestError, match="^line 30002: byte 0xff at column 1 is not valid utf-8"):
-        list(read_rows(io.BytesIO(data), encoding="utf-8", text_column="text", id_column="",
+        list(read_rows(io.BytesIO(data), encoding="utf-8", columns={"text": "text"}, id_column="",
                        delimiter=None, limits=limits).rows)  # fmt: skip
 
 
@@ -154,7 +154,7 @@ def test_preflight_reads_only_the_start():
     limits = IngestLimits(max_rows=100_000, max_text_chars=50, batch_rows=2, chunk_rows=2)
 
     def check(data: bytes):
-        return preflight(io.BytesIO(data), encoding="utf-8", text_column="text", id_column="", delimiter=None,
+        return preflight(io.BytesIO(data), encoding="utf-8", columns={"text": "text"}, id_column="", delimiter=None,
                          limits=limits)  # fmt: skip
 
     # Bad bytes past the first block (and past PREFLIGHT_ROWS rows) are left for the ingest task...
@@ -165,7 +165,9 @@ def test_preflight_reads_only_the_start():
     with pytest.raises(IngestError, match="^line 202: byte 0xff"):
         check(b"text\n" + b"fine\n" * (PREFLIGHT_ROWS + 100) + b"\xff\n")
     with pytest.raises(IngestError, match="the file is empty"):
-        preflight(io.BytesIO(b""), encoding="utf-8", text_column="text", id_column="", delimiter=None, limits=limits)
+        preflight(
+            io.BytesIO(b""), encoding="utf-8", columns={"text": "text"}, id_column="", delimiter=None, limits=limits
+        )
 
 
 @pytest.mark.parametrize(

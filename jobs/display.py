@@ -1,0 +1,112 @@
+"""Rows' inputs and answers as HTML, for the admin review and the job page: one home for both.
+
+A text task's answer is its label; a question-answering answer is a span of the context (shown with
+its offsets, and marked in the context); token-classification entities are spans of the text (listed,
+and marked in it). Every piece of a client's text or a model's answer is escaped by format_html.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from jobs.models import JobRow
+
+ANSWER_SHOWN_CHARS = 80  # an answer's cut in a row list
+SNIPPET_CONTEXT_CHARS = 80  # characters of context shown either side of an answer on the job page
+SNIPPET_TEXT_CHARS = 300  # a text's cut on the job page, entities marked within it
+
+Span = tuple[Any, Any, str]  # start, end, title (offsets come from stored JSON: checked before use)
+
+
+def _output(row: JobRow) -> dict[str, Any]:
+    return row.output if isinstance(row.output, dict) else {}
+
+
+def _entities(row: JobRow) -> list[dict[str, Any]] | None:
+    entities = _output(row).get("entities")
+    return [e for e in entities if isinstance(e, dict)] if isinstance(entities, list) else None
+
+
+def answer_html(row: JobRow) -> SafeString | str:
+    """A question-answering or token-classification row's answer in a line; "" for other outputs."""
+    output = _output(row)
+    if "answer" in output:
+        answer = str(output["answer"])
+        shown = answer if len(answer) <= ANSWER_SHOWN_CHARS else answer[: ANSWER_SHOWN_CHARS - 1] + "…"
+        return format_html(
+            '{} <span class="row-muted">[{}:{}]</span>', shown or "(no answer)", output.get("start"), output.get("end")
+        )
+    entities = _entities(row)
+    if entities is None:
+        return ""
+    if not entities:
+        return format_html('<span class="row-muted">{}</span>', "no entities")
+    return format_html_join(
+        " · ", '<span class="row-muted">{}</span> {}', ((e.get("label"), e.get("text")) for e in entities)
+    )
+
+
+def marked(text: str, spans: list[Span]) -> SafeString:
+    """`text` with each (start, end, title) span in a <mark>; spans that overlap, are empty or fall outside are skipped."""
+    pieces: list[SafeString] = []
+    at = 0
+    valid = [s for s in spans if isinstance(s[0], int) and isinstance(s[1], int)]
+    for start, end, title in sorted(valid, key=lambda s: (s[0], s[1])):
+        if start < at or end > len(text) or start >= end:
+            continue
+        pieces.append(format_html('{}<mark title="{}">{}</mark>', text[at:start], title, text[start:end]))
+        at = end
+    pieces.append(format_html("{}", text[at:]))
+    return format_html_join("", "{}", ((piece,) for piece in pieces))
+
+
+def _answer_span(output: dict[str, Any]) -> Span:
+    return output.get("start"), output.get("end"), f"answer, score {output.get('score')}"
+
+
+def _entity_spans(entities: list[dict[str, Any]]) -> list[Span]:
+    return [(e.get("start"), e.get("end"), f"{e.get('label')} {e.get('score')}") for e in entities]
+
+
+def input_html(row: JobRow) -> SafeString:
+    """The row's whole input as the model saw it: the text, or each field of a structured input; the
+    answer marked in the context (question-answering), or the entities in the text."""
+    output = _output(row)
+    if isinstance(row.inputs, dict):
+        spans = {"context": [_answer_span(output)]} if "answer" in output else {}
+        return format_html_join(
+            "",
+            '<p><b>{}</b></p><div class="row-input">{}</div>',
+            ((field, marked(str(value), spans.get(field, []))) for field, value in row.inputs.items()),
+        )
+    entities = _entities(row)
+    return format_html('<div class="row-input">{}</div>', marked(row.text, _entity_spans(entities or [])))
+
+
+def snippet_html(row: JobRow) -> SafeString | str:
+    """A short view of the answer in its input, for a table row: the answer marked with some context
+    either side, or the text's start with its entities marked; "" for other tasks."""
+    output = _output(row)
+    context = row.inputs.get("context") if isinstance(row.inputs, dict) else None
+    if "answer" in output and isinstance(context, str):
+        start, end = output.get("start"), output.get("end")
+        if not (isinstance(start, int) and isinstance(end, int) and 0 <= start < end <= len(context)):
+            return ""
+        first = max(start - SNIPPET_CONTEXT_CHARS, 0)
+        last = min(end + SNIPPET_CONTEXT_CHARS, len(context))
+        return format_html(
+            "{}{}{}",
+            "…" if first else "",
+            marked(context[first:last], [(start - first, end - first, _answer_span(output)[2])]),
+            "…" if last < len(context) else "",
+        )
+    entities = _entities(row)
+    if entities is None:
+        return ""
+    shown = row.text[:SNIPPET_TEXT_CHARS]
+    return format_html(
+        "{}{}", marked(shown, _entity_spans(entities)), "…" if len(row.text) > SNIPPET_TEXT_CHARS else ""
+    )
