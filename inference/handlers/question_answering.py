@@ -23,15 +23,16 @@ from transformers import PreTrainedTokenizerBase
 from inference.handlers.base import Handler
 from inference.handlers.embedding import EmbeddingHandler
 from inference.registry import ModelSpec
-from inference.task_io import split_sentences
+
+# The window arithmetic lives in task_io, torch-free, so that the web tier prices (and refuses) exactly the
+# windows run here. A question leaving a window fewer than MIN_CONTEXT_TOKENS_PER_WINDOW context tokens is
+# refused: such windows would turn a context into hundreds of them, and no longer hold a phrase.
+from inference.task_io import MIN_CONTEXT_TOKENS_PER_WINDOW, doc_stride, split_sentences, window_stride
 
 # Longest answer, in tokens, the span method considers (the transformers pipeline's max_answer_len is 15,
 # SQuAD fine-tuning scripts use 30): extractive answers are short phrases, and the bound keeps a random or
 # unsure head from answering with half a page, and the span search at windows x tokens x this.
 MAX_ANSWER_TOKENS = 30
-# Fewest context tokens a window must hold. Below this a long question leaves windows so small that a
-# context becomes hundreds of them and a phrase no longer fits in one, so the request is refused instead.
-MIN_CONTEXT_TOKENS_PER_WINDOW = 16
 # Start and end logits of tokens that cannot be part of an answer (question, special tokens, padding)
 # before the softmax, as the transformers pipeline masks them: their probability becomes ~0.
 _EXCLUDED_LOGIT = -10000.0
@@ -184,7 +185,7 @@ class SpanQAHandler(Handler):
         if not tokenizer.is_fast:
             raise ValueError(f"{spec.name}: span question-answering needs a fast tokenizer (for character offsets)")
         super().__init__(spec, tokenizer, model)
-        self.doc_stride = spec.doc_stride if spec.doc_stride is not None else spec.max_seq_length // 4
+        self.doc_stride = doc_stride(spec.doc_stride, spec.max_seq_length)
         # BERT-like models tell question from context by token type; others (RoBERTa) have none.
         self.uses_token_types = "token_type_ids" in tokenizer.model_input_names
         self.special_tokens = tokenizer.num_special_tokens_to_add(pair=True)
@@ -206,10 +207,11 @@ class SpanQAHandler(Handler):
 
     def _windows(self, question: str, context: str) -> SpanItem:
         room = self.context_room(question)
-        # Consecutive windows share `stride` tokens. The tokenizer panics (a Rust panic, which
-        # `except Exception` does not catch) unless stride < room, and a stride past half a window would
-        # multiply windows, so a long question gets a smaller overlap than doc_stride.
-        stride = min(self.doc_stride, room // 2)
+        # Consecutive windows share `stride` tokens, at most half a window's context: the tokenizer panics
+        # unless stride < room (a Rust panic, a BaseException that serving.py's `except Exception` would not
+        # turn into one request's 422), and a larger overlap would multiply windows. So a long question gets
+        # a smaller overlap than doc_stride.
+        stride = window_stride(self.doc_stride, room)
         encoded = self.tokenizer(
             question,
             context,

@@ -2,12 +2,14 @@
 
 The sentence method runs the packaged all-MiniLM-L6-v2 over real paragraphs; the span method runs the
 tiny random BERT QA head (tests/conftest.py::tiny_qa), whose answers mean nothing but whose windows,
-offsets and batching must be right all the same.
+offsets and batching must be right all the same. The last two tests ask the live stack (web process
+and worker, tests/conftest.py) for the models file's "qa" and "qa-span".
 """
 
 from __future__ import annotations
 
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -260,3 +262,29 @@ def test_build_handler_loads_each_method(tiny_qa):
     span = build_handler(ModelSpec(name="x", task="question-answering", path=str(tiny_qa), **SPAN_LIMITS))
     assert isinstance(sentence, SentenceQAHandler)
     assert isinstance(span, SpanQAHandler) and span.doc_stride == 128 // 4
+
+
+# Served by the live stack (tests/conftest.py::models_file: "qa" and "qa-span") ---------------------------
+
+
+@pytest.mark.integration
+def test_the_qa_model_answers_over_the_api(stack):
+    reply = stack.predict("qa", [{"question": "How tall is the Eiffel Tower?", "context": EIFFEL}])
+    assert reply.status_code == 200, reply.text
+    (output,) = reply.json()["outputs"]
+    assert output["answer"] == sentence_of(EIFFEL, "The tower is 330")
+    assert_offsets_match(output, EIFFEL)
+
+
+@pytest.mark.integration
+def test_a_too_long_question_is_refused_alone_and_its_neighbour_answered(stack):
+    # Sent at once, so they may share a batch; either way each gets its own answer. The web tier refuses
+    # the question before it is queued (400), the worker would otherwise (422 input_rejected).
+    with ThreadPoolExecutor(2) as pool:
+        bad = pool.submit(stack.predict, "qa-span", [{"question": "why " * 200, "context": EIFFEL}])
+        good = pool.submit(stack.predict, "qa-span", [{"question": "Who built it?", "context": LONG_CONTEXT}])
+        bad, good = bad.result(), good.result()
+    assert bad.status_code in (400, 422), bad.text
+    assert "200 tokens" in bad.json()["detail"]
+    assert good.status_code == 200, good.text
+    assert_offsets_match(good.json()["outputs"][0], LONG_CONTEXT)
