@@ -134,6 +134,8 @@ def models_file(tmp_path_factory, tiny_classifier, tiny_qa, tiny_token_classifie
             "embedding": {"task": "embedding", "path": MINILM, **limits},
             "sentiment": {"task": "text-classification", "path": str(tiny_classifier), **limits},
             "identity": {"task": "identity", "path": MINILM, **limits},
+            "qa": {"task": "question-answering", "qa_method": "sentence", "path": MINILM, **limits},
+            "qa-span": {"task": "question-answering", "path": str(tiny_qa), "doc_stride": 32, **limits},
             "entities": {"task": "token-classification", "path": str(tiny_token_classifier), **limits},
             "router-tight": {
                 "task": "router",
