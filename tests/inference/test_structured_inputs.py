@@ -29,10 +29,7 @@ from tests.conftest import wait_until
 
 LIMITS = {"max_inputs": 3, "max_chars": 10_000}
 QA = {"task": "question-answering", "model": "qa"}
-CONTEXT = (
-    "Refunds are sent to the original card. They take 5 to 7 working days to arrive. "
-    "Parcels lost in transit are replaced for free."
-)
+CONTEXT = task_io.QA_EXAMPLE_INPUT["context"]
 
 
 def qa_spec(method: str = "sentence", **limits) -> ModelSpec:
@@ -248,7 +245,7 @@ def _handler_tokens(handler, inputs) -> list[int]:
 
 
 QUESTIONS = [
-    {"question": "How long does a refund take?", "context": CONTEXT},
+    {"question": "How long does delivery take?", "context": CONTEXT},
     {"question": "What is replaced?", "context": (CONTEXT + " ") * 12},
     {"question": "a " * 60 + "?", "context": (CONTEXT + "\n") * 5},
     {"question": "Who?", "context": "   \n  no sentence end here " * 30},
@@ -382,7 +379,7 @@ def test_question_answering_400s_name_the_input_and_the_model(stack):
 @pytest.mark.integration
 def test_a_question_over_a_context_is_answered_with_its_offsets(stack):
     inputs = [
-        {"question": "How long does a refund take?", "context": CONTEXT},
+        {"question": "How long does delivery take?", "context": CONTEXT},
         {"question": "What happens to lost parcels?", "context": CONTEXT},
     ]
     response = stack.predict("qa", inputs)
@@ -392,7 +389,7 @@ def test_a_question_over_a_context_is_answered_with_its_offsets(stack):
     for item, output in zip(inputs, outputs, strict=True):
         assert set(output) == {"answer", "start", "end", "score"}
         assert output["answer"] and item["context"][output["start"] : output["end"]] == output["answer"]
-    assert outputs[0]["answer"] == "They take 5 to 7 working days to arrive."
+    assert outputs[0]["answer"] == "Delivery takes 5 to 7 working days."
     assert outputs[1]["answer"] == "Parcels lost in transit are replaced for free."
 
 
@@ -417,14 +414,14 @@ def test_span_qa_answers_over_many_windows_and_refuses_a_question_with_no_room(s
 def test_a_bad_request_to_qa_leaves_another_users_question_answered(stack):
     """A string sent to qa gets its 400 while a valid question from another user, sent at the same
     time, gets its answer."""
-    good = {"question": "How long does a refund take?", "context": CONTEXT}
+    good = {"question": "How long does delivery take?", "context": CONTEXT}
     with ThreadPoolExecutor(max_workers=8) as pool:
         bad = [pool.submit(stack.predict, "qa", ["just a string"]) for _ in range(4)]
         fine = [pool.submit(stack.predict, "qa", [good], token=stack.other_token) for _ in range(4)]
         bad_answers, fine_answers = [f.result() for f in bad], [f.result() for f in fine]
     assert all(r.status_code == 400 for r in bad_answers), [r.text for r in bad_answers]
     assert all(r.status_code == 200 for r in fine_answers), [r.text for r in fine_answers]
-    assert all(r.json()["outputs"][0]["answer"] == "They take 5 to 7 working days to arrive." for r in fine_answers)
+    assert all(r.json()["outputs"][0]["answer"] == "Delivery takes 5 to 7 working days." for r in fine_answers)
 
 
 @pytest.mark.integration
