@@ -12,6 +12,7 @@ from typing import Any
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from jobs.ingest import in_task_order
 from jobs.models import JobRow
 
 ANSWER_SHOWN_CHARS = 80  # an answer's cut in a row list
@@ -80,7 +81,7 @@ def input_html(row: JobRow) -> SafeString:
         return format_html_join(
             "",
             '<p><b>{}</b></p><div class="row-input">{}</div>',
-            ((field, marked(str(value), spans.get(field, []))) for field, value in row.inputs.items()),
+            ((field, marked(str(row.inputs[field]), spans.get(field, []))) for field in in_task_order(row.inputs)),
         )
     entities = _entities(row)
     return format_html('<div class="row-input">{}</div>', marked(row.text, _entity_spans(entities or [])))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import codecs
 import csv
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, NamedTuple, Protocol
 
@@ -106,6 +106,19 @@ def input_columns(model: str, task: str, given: Mapping[str, str]) -> dict[str, 
             field=extra[0],
         )
     return {field: chosen[column_field(field)] for field in fields}
+
+
+def in_task_order(fields: Iterable[str]) -> list[str]:
+    """Input field names in their task's order (question before context), whatever order they come in.
+
+    JSON read back from PostgreSQL (jsonb) has its keys sorted by length, so a stored mapping cannot
+    be trusted to say which field comes first; the task's definition can.
+    """
+    given = list(fields)
+    for task_fields in INPUT_FIELDS.values():
+        if set(task_fields) == set(given):
+            return list(task_fields)
+    return sorted(given)
 
 
 def field_error(field: str, value: object, max_chars: int) -> str:
@@ -262,7 +275,8 @@ def read_rows(
     """The file's rows, lazily; header problems raise at once, later ones while iterating.
 
     `columns` maps each input field to its CSV column ({"text": "body"}, or {"question": "q",
-    "context": "passage"}): a single "text" field makes plain text rows, others structured ones.
+    "context": "passage"}): a single "text" field makes plain text rows, others structured ones, whose
+    readable text is their task's first field (the question).
     """
     source = _Lines(binary, encoding)
     lines = iter(source)
@@ -286,7 +300,7 @@ def read_rows(
             f"id column {id_column!r} not found; the header has: " + ", ".join(repr(h) for h in header),
             field="id_column",
         )
-    positions = {field: header.index(column) for field, column in columns.items()}
+    positions = {field: header.index(columns[field]) for field in in_task_order(columns)}
     structured = list(positions) != ["text"]
     id_at = header.index(id_column) if id_column else None
 

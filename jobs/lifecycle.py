@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from inference.registry import get_registry
 from inference.task_io import takes_text
-from jobs.ingest import IngestError, IngestLimits, input_columns, preflight, read_rows
+from jobs.ingest import IngestError, IngestLimits, in_task_order, input_columns, preflight, read_rows
 from jobs.models import Chunk, Job, JobRow, JobStatus, RowStatus, UploadPart
 
 logger = logging.getLogger(__name__)
@@ -197,8 +197,11 @@ def run_ingest(job_id: int) -> None:
 
 
 def job_columns(job: Job) -> dict[str, str]:
-    """Input field -> CSV column of a job: its `input_columns`, or {"text": text_column} for text tasks."""
-    return dict(job.input_columns) if job.input_columns else {"text": job.text_column}
+    """Input field -> CSV column of a job, in its task's field order: its `input_columns`, or
+    {"text": text_column} for text tasks."""
+    if not job.input_columns:
+        return {"text": job.text_column}
+    return {field: job.input_columns[field] for field in in_task_order(job.input_columns)}
 
 
 def _write_rows(job: Job, upload: StoredUpload, limits: IngestLimits) -> int:

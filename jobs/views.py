@@ -65,6 +65,10 @@ def describe(job: Job, now: datetime | None = None) -> Job:
         job.eta_text = "reading the file"
     else:
         job.eta_text = duration_text(job.eta_s) if job.eta_s is not None else "waiting for a worker"
+    # "question: q, context: passage" for tasks with several input fields, in the task's order.
+    job.columns_text = (
+        ", ".join(f"{f}: {c}" for f, c in lifecycle.job_columns(job).items()) if job.input_columns else ""
+    )
     job.can_cancel = not job.is_terminal
     job.can_retry = job.is_terminal and job.failed_rows > 0
     return job

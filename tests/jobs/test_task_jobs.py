@@ -139,7 +139,13 @@ def test_create_job_stores_the_column_mapping(task_models):
         id_column="id",
     )
     assert job.input_columns == {"question": "q", "context": "ctx"} and job.text_column == ""
-    assert lifecycle.job_columns(job) == {"question": "q", "context": "ctx"}
+    # Read back from the database (jsonb sorts keys: context first), the task's order still holds.
+    job.refresh_from_db()
+    assert list(lifecycle.job_columns(job).items()) == [("question", "q"), ("context", "ctx")]
+    lifecycle.run_ingest(job.pk)
+    row = job.rows.get()
+    assert (row.external_id, row.text, row.status) == ("k1", "Who wrote it?", RowStatus.PENDING)
+    assert row.inputs == {"question": "Who wrote it?", "context": "Ada wrote it, in 1843."}
     text_job = lifecycle.create_job(
         owner=owner, model="entities", upload=io.BytesIO(b"text\nAda met Bob\n"), filename="e.csv"
     )
@@ -214,6 +220,7 @@ def test_web_form_takes_the_question_and_context_columns(client, task_models):
     created = client.post(reverse("jobs:list"), {**form, "file": SimpleUploadedFile("qa.csv", QA_CSV)})
     assert created.status_code == 302
     assert Job.objects.get().input_columns == {"question": "q", "context": "ctx"}
+    assert "question: q, context: ctx" in client.get(created.url).content.decode()
 
 
 # Showing each task's answers -----------------------------------------------------------------------------
