@@ -153,7 +153,7 @@ def _embedding_spec(registry: Registry, model: Any) -> ModelSpec:
     return spec
 
 
-def _texts(raw: Any, *, max_inputs: int, max_chars: int) -> list[str]:
+def _texts(raw: Any, spec: ModelSpec, *, max_inputs: int, max_chars: int) -> list[str]:
     """`input` as a list of texts, under predict's limits (and its messages, about `input`)."""
     if isinstance(raw, str):
         raw = [raw]
@@ -169,7 +169,9 @@ def _texts(raw: Any, *, max_inputs: int, max_chars: int) -> list[str]:
             code="unsupported_value",
         )
     try:
-        return validate_inputs({"inputs": raw}, max_inputs=max_inputs, max_chars=max_chars)
+        return validate_inputs(
+            {"inputs": raw}, max_inputs=max_inputs, max_chars=max_chars, task=spec.task, model=spec.name
+        )
     except ApiError as error:
         raise openai_error(error, param="input") from None
 
@@ -190,7 +192,7 @@ def parse_embeddings_request(payload: Any, registry: Registry, *, max_inputs: in
     spec = _embedding_spec(registry, payload["model"])
     if "input" not in payload:
         raise _invalid("you must provide an `input` parameter", "input", code="missing_required_parameter")
-    texts = _texts(payload["input"], max_inputs=max_inputs, max_chars=max_chars)
+    texts = _texts(payload["input"], spec, max_inputs=max_inputs, max_chars=max_chars)
     encoding_format = payload.get("encoding_format") or "float"
     if encoding_format not in ENCODING_FORMATS:
         raise _invalid(

@@ -10,6 +10,7 @@ import http.client
 import json
 import math
 import struct
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
@@ -236,7 +237,81 @@ def test_a_huge_body_is_refused_before_it_is_read(stack):
         connection.close()
 
 
+def test_a_chunked_body_is_refused_once_it_passes_the_limit(stack):
+    """No Content-Length to refuse it by: counted as it arrives (platform_/bodies.py), 413 past 4 MiB."""
+    piece = b" " * 65536
+
+    def body():
+        yield b'{"model": "embedding", "input": ["'
+        for _ in range(200):  # 13 MB, never sent whole
+            yield piece
+
+    try:
+        response = requests.post(
+            f"{stack.url}/v1/embeddings",
+            data=body(),
+            headers={"Authorization": f"Bearer {stack.token}", "Content-Type": "application/json"},
+            timeout=30,
+        )
+    except requests.ConnectionError:
+        return  # the server closed the connection after its 413, while the client was still sending
+    assert response.status_code == 413
+
+
 # --- the same admission as predict ----------------------------------------------------------------
+
+
+def test_a_flood_through_v1_leaves_another_client_served(stack):
+    """One user floods the model through /v1/embeddings and predict at once (one client for admission:
+    its excess gets 429 on either path); another user's calls, through both paths, are all answered."""
+    long_text = " ".join(["my parcel never arrived and the tracking page shows nothing"] * 8)
+    assert stack.predict("embedding", ["give admission a drain rate"]).status_code == 200
+    heavy_client = OpenAI(base_url=stack.url + "/v1", api_key=stack.token, max_retries=0)
+    light_client = OpenAI(base_url=stack.url + "/v1", api_key=stack.other_token, max_retries=0)
+    heavy: list[int] = []
+    refusals: list[openai.APIStatusError] = []
+    light: list[int] = []
+    stop = threading.Event()
+
+    def flood_v1() -> None:
+        while not stop.is_set():
+            try:
+                heavy_client.embeddings.create(model="embedding", input=[long_text] * 16)
+                heavy.append(200)
+            except openai.APIStatusError as error:
+                heavy.append(error.status_code)
+                refusals.append(error)
+
+    def flood_predict() -> None:
+        while not stop.is_set():
+            heavy.append(stack.predict("embedding", [long_text] * 16).status_code)
+
+    def light_calls() -> None:
+        while not stop.is_set():
+            try:
+                result = light_client.embeddings.create(model="embedding", input=["I was charged twice"])
+                light.append(200 if len(result.data) == 1 else 0)
+            except openai.APIStatusError as error:  # recorded, so the assertion shows it
+                light.append(error.status_code)
+            light.append(stack.predict("embedding", ["I was charged twice"], token=stack.other_token).status_code)
+
+    threads = [threading.Thread(target=flood_v1) for _ in range(3)]
+    threads += [threading.Thread(target=flood_predict), threading.Thread(target=light_calls)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_until(lambda: len(light) >= 10 and len(heavy) >= 8, 90, "both clients to be answered a few times")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    assert set(light) == {200}, "the light client's calls are all answered, through /v1 and predict"
+    assert set(heavy) <= {200, 429, 503} and 200 in heavy
+    for refused in refusals:
+        assert refused.body["code"] in ("client_backlog_full", "backlog_full", "deadline")
+        assert int(refused.response.headers["Retry-After"]) >= 1
+        if refused.status_code == 429:
+            assert isinstance(refused, openai.RateLimitError) and refused.body["type"] == "rate_limit_error"
 
 
 def test_an_admission_refusal_is_a_503_with_retry_after(stack, client):
