@@ -60,7 +60,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
 
 def is_api_path(path: str) -> bool:
     """Paths whose clients are programs: their errors are JSON in the API's shape, never an HTML page."""
-    return path.startswith("/api/") or path == "/metrics" or path.startswith("/metrics/")
+    return path.startswith(("/api/", "/v1/", "/metrics/")) or path == "/metrics"
 
 
 def json_403(request: Any, exception: Exception | None = None) -> Any:
@@ -82,6 +82,9 @@ def json_404(request: Any, exception: Exception | None = None) -> Any:
 def json_500(request: Any) -> Any:
     """handler500: JSON for API paths; otherwise templates/500.html, rendered without the request (it may be
     what failed), and plain text if even that fails (a broken template must not hide the first error)."""
+    if request.path.startswith("/v1/"):  # OpenAI-compatible endpoints answer in OpenAI's error shape
+        error = {"message": "internal server error", "type": "server_error", "param": None, "code": "server_error"}
+        return JsonResponse({"error": error}, status=500)
     if is_api_path(request.path):
         return JsonResponse({"detail": "internal server error", "code": "server_error"}, status=500)
     try:
