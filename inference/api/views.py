@@ -246,7 +246,26 @@ _model_list = inline_serializer(
     "ModelList",
     fields={
         "default": serializers.CharField(),
-        "models": serializers.ListField(child=serializers.DictField()),
+        "models": serializers.ListField(
+            child=inline_serializer(
+                "ServedModel",
+                fields={
+                    "name": serializers.CharField(),
+                    "task": serializers.CharField(),
+                    "input_fields": serializers.ListField(
+                        child=serializers.CharField(),
+                        help_text='["text"]: each input is a string; else an object with these fields',
+                    ),
+                    "max_batch_size": serializers.IntegerField(),
+                    "max_seq_length": serializers.IntegerField(),
+                    "device": serializers.CharField(),
+                    "max_backlog": serializers.IntegerField(),
+                    "queue": serializers.CharField(),
+                    "served": serializers.BooleanField(),
+                    "online_workers": serializers.IntegerField(),
+                },
+            )
+        ),
     },
 )
 

@@ -302,6 +302,12 @@ def test_the_schema_is_valid_openapi_3(openapi):
     assert not errors, [f"{list(e.absolute_path)}: {e.message}" for e in errors[:5]]
 
 
+def test_the_model_list_documents_input_fields(openapi):
+    served = openapi["components"]["schemas"]["ServedModel"]
+    assert served["properties"]["input_fields"]["items"] == {"type": "string"}
+    assert "input_fields" in served["required"]
+
+
 def test_predict_takes_a_string_or_a_question_and_context(openapi):
     predict = openapi["paths"]["/api/v1/models/{name}/predict"]["post"]
     body = predict["requestBody"]["content"]["application/json"]
