@@ -298,6 +298,8 @@ def attempt(job_id: int, ended_at: str, number: int, *, now: datetime | None = N
         answer, outcome = Answer(None, str(refused)), Outcome.RETRY
     except CallbackRefused as refused:  # now a private address: policy, not a passing failure
         answer, outcome = Answer(None, str(refused)), Outcome.GIVE_UP
+    except Exception as exc:  # the task's soft time limit (a receiver trickling its answer): recorded, retried
+        answer, outcome = Answer(None, f"{type(exc).__name__}: {exc}"), Outcome.RETRY
     last = number >= settings.JOBS_CALLBACK_ATTEMPTS
     if outcome is Outcome.DELIVERED:
         status = CallbackStatus.DELIVERED

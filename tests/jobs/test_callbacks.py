@@ -12,10 +12,13 @@ import hashlib
 import hmac
 import io
 import json
+import shutil
+import ssl
+import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -65,7 +68,7 @@ class Receiver:
 def receiver() -> Iterator[callable]:
     servers: list[ThreadingHTTPServer] = []
 
-    def start(*statuses: int, **extra_headers: str) -> Receiver:
+    def start(*statuses: int, tls: ssl.SSLContext | None = None, **extra_headers: str) -> Receiver:
         state = Receiver(list(statuses), extra_headers=extra_headers)
 
         class Handler(BaseHTTPRequestHandler):
@@ -83,9 +86,12 @@ def receiver() -> Iterator[callable]:
                 pass
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if tls:
+            server.socket = tls.wrap_socket(server.socket, server_side=True)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
-        state.url = f"http://127.0.0.1:{server.server_address[1]}/hooks/jobs?source=tests"
+        scheme = "https" if tls else "http"
+        state.url = f"{scheme}://127.0.0.1:{server.server_address[1]}/hooks/jobs?source=tests"
         return state
 
     yield start
@@ -252,6 +258,46 @@ def test_a_duplicate_or_stale_message_sends_nothing(ended_job, receiver):
     Job.objects.filter(pk=job.pk).update(callback_status=CallbackStatus.PENDING, callback_attempts=0)
     assert callbacks.attempt(job.pk, earlier_end, 1) is None  # for an end the job has since left
     assert len(hook.got) == 1
+
+
+@pytest.fixture
+def certificate(tmp_path) -> tuple[str, ssl.SSLContext]:
+    """A self-signed certificate for `localhost` (only), and a server context serving it."""
+    if not shutil.which("openssl"):
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    return str(cert), server
+
+
+def test_https_goes_to_the_checked_address_and_verifies_the_url_host(ended_job, receiver, certificate, monkeypatch):
+    cert, server_context = certificate
+    hook = receiver(200, tls=server_context)
+    by_name = hook.url.replace("127.0.0.1", "localhost")
+
+    job = ended_job(by_name)  # the system's CAs do not know this certificate: no delivery, a retry
+    assert callbacks.attempt(job.pk, job.finished_at.isoformat(), 1) == 30.0
+    job.refresh_from_db()
+    assert "CERTIFICATE_VERIFY_FAILED" in job.callback_last_error and hook.got == []
+
+    trusting = ssl.create_default_context(cafile=cert)
+    monkeypatch.setattr(callbacks.ssl, "create_default_context", lambda: trusting)
+    job = ended_job(by_name)  # connected to 127.0.0.1, the certificate checked for `localhost`
+    assert callbacks.attempt(job.pk, job.finished_at.isoformat(), 1) is None
+    job.refresh_from_db()
+    assert (job.callback_status, job.callback_last_status) == ("delivered", 200)
+    assert hook.got[0].headers["Host"] == by_name.split("/")[2]
+
+    job = ended_job(hook.url)  # by address: the certificate names only `localhost`
+    callbacks.attempt(job.pk, job.finished_at.isoformat(), 1)
+    job.refresh_from_db()
+    assert "CERTIFICATE_VERIFY_FAILED" in job.callback_last_error and len(hook.got) == 1
 
 
 def test_a_destination_that_became_private_is_refused_before_connecting(ended_job, receiver, settings):
@@ -423,3 +469,24 @@ def test_a_cancelled_job_calls_back_and_rotation_changes_the_signature(stack, re
     [got] = hook.got
     assert json.loads(got.body)["status"] == "cancelled"
     assert verify(new, got.headers, got.body) and not verify(old, got.headers, got.body)
+
+
+@pytest.mark.integration
+def test_a_callback_does_not_wait_behind_another_jobs_queued_chunks(stack, receiver):
+    """The small job ends with the big job's ~100 chunks queued on `offline`: its callback, on its own
+    queue, arrives while the big job still runs, not after its backlog (jobs/tasks.py, CALLBACK_QUEUE)."""
+    hook = receiver(200)
+    small = _run_job(stack, hook, rows=20)
+    big = upload(stack, make_csv(5000), token=stack.third_token)
+    assert big.status_code == 202, big.text
+    _callback_settled(stack, small)
+    received_at = timezone.now()
+    assert len(hook.got) == 1
+    big_job = wait_until(
+        lambda: (job := get_job(stack, big.json()["id"], token=stack.third_token))["finished_at"] and job,
+        300,
+        "the big job to end",
+    )
+    assert datetime.fromisoformat(big_job["finished_at"].replace("Z", "+00:00")) > received_at, (
+        "the callback was delivered before the other job's queued chunks had run"
+    )
