@@ -19,6 +19,7 @@ from inference.admission import Admission, Decision
 from inference.publish import task_message
 from inference.registry import ModelSpec
 from inference.replies import gather_reply
+from inference.task_io import input_chars
 from inference.tokens import token_counts
 from platform_.redis import get_async_redis
 
@@ -75,7 +76,7 @@ async def _count_tokens(spec: ModelSpec, texts: list[str], admission: Admission,
     fits = admission.alone_fits(rate, deadline - time.time())
     overhead = settings.ONLINE_REQUEST_OVERHEAD_TOKENS
     stop_above = max(fits - overhead, 2 * overhead)
-    if sum(len(text) for text in texts) > _INLINE_TOKENIZE_CHARS:
+    if sum(input_chars(item) for item in texts) > _INLINE_TOKENIZE_CHARS:
         # ~100 ms for 64 texts of 2,000 characters: off the event loop, which serves everyone else
         # meanwhile (the tokenizer releases the GIL while it encodes).
         tokens = await asyncio.to_thread(token_counts, spec, texts, stop_above)
