@@ -27,7 +27,7 @@ import secrets
 import socket
 import ssl
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -314,3 +314,37 @@ def attempt(job_id: int, ended_at: str, number: int, *, now: datetime | None = N
     if status != CallbackStatus.PENDING:
         return None
     return retry_delay_s(number, settings.JOBS_CALLBACK_BACKOFF_S)
+
+
+def resend_lost(now: datetime, stall_s: float) -> int:
+    """Send again the callbacks whose next attempt is overdue by stall_s: its message was lost (a worker
+    killed mid-attempt, a process that died between a job's end and the send, a Redis that lost its lists).
+
+    Run by the reconciler. A resend that meets the original (only late, not lost) is harmless: the
+    attempt is claimed by number, so one of the two sends and the other finds it taken. A callback
+    whose last attempt was lost is failed. Returns how many were sent again.
+    """
+    from jobs.tasks import send_callback  # the task module imports this one
+
+    resent = 0
+    pending = Job.objects.filter(callback_status=CallbackStatus.PENDING, finished_at__isnull=False)
+    for job in pending.only("pk", "finished_at", "callback_attempts", "callback_last_at"):
+        attempts = job.callback_attempts
+        if attempts == 0:
+            due = job.finished_at
+        else:
+            # The attempt may run up to the task's soft limit, then its retry waits out its backoff.
+            running_s = settings.JOBS_CALLBACK_TIMEOUT_S * 3
+            due = job.callback_last_at + timedelta(
+                seconds=running_s + retry_delay_s(attempts, settings.JOBS_CALLBACK_BACKOFF_S)
+            )
+        if due > now - timedelta(seconds=stall_s):
+            continue
+        if attempts >= settings.JOBS_CALLBACK_ATTEMPTS:
+            Job.objects.filter(pk=job.pk, callback_status=CallbackStatus.PENDING, callback_attempts=attempts).update(
+                callback_status=CallbackStatus.FAILED, callback_last_error="the last attempt was lost with its worker"
+            )
+            continue
+        send_callback(job.pk, job.finished_at.isoformat(), attempts + 1)
+        resent += 1
+    return resent

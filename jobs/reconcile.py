@@ -15,7 +15,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from jobs import lifecycle
+from jobs import callbacks, lifecycle
 from jobs.models import TERMINAL, Chunk, ChunkStatus, Job, JobStatus, UploadPart
 
 logger = logging.getLogger(__name__)
@@ -24,7 +24,8 @@ MAX_INGEST_ATTEMPTS = 3
 
 
 def reconcile(stall_s: float | None = None) -> dict[str, int]:
-    """Re-enqueue stalled chunks and ingests, fail hopeless ingests, finish jobs with nothing left; returns counts."""
+    """Re-enqueue stalled chunks, ingests and callbacks, fail hopeless ingests, finish jobs with nothing left;
+    returns counts."""
     stall_s = settings.JOBS_STALL_S if stall_s is None else stall_s
     now = timezone.now()
     stale = now - timedelta(seconds=stall_s)
@@ -61,6 +62,7 @@ def reconcile(stall_s: float | None = None) -> dict[str, int]:
     for job in unfinished:
         job.finish()
         counts["jobs_finished"] += 1
+    counts["callbacks_resent"] = callbacks.resend_lost(now, stall_s)
     if any(counts.values()):
         logger.info("reconciler: %s", counts)
     return counts

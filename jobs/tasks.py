@@ -62,8 +62,9 @@ def ingest_upload(job_id: int) -> None:
 CALLBACK_QUEUE = Queue("callbacks", Exchange("callbacks", type="direct"), routing_key="callbacks")
 
 
-# Not acks_late: a lost attempt leaves the job's callback `pending` (the record says so) rather than
-# posting twice. The soft limit turns a receiver that trickles its answer into a retried error.
+# Not acks_late: an attempt lost with its worker is sent again by the reconciler once overdue
+# (callbacks.resend_lost), never redelivered mid-POST. The soft limit turns a receiver that trickles
+# its answer into a recorded, retried error.
 @app.task(
     name="jobs.deliver_callback",
     ignore_result=True,

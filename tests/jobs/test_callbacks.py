@@ -346,6 +346,40 @@ def test_a_job_without_callback_url_sends_nothing(db, monkeypatch, django_captur
     assert sent == [] and job.callback_status == ""
 
 
+def test_the_reconciler_resends_a_lost_attempt_once_it_is_overdue(ended_job, monkeypatch, settings):
+    sent = []
+    monkeypatch.setattr("jobs.tasks.send_callback", lambda *args: sent.append(args))
+    settings.JOBS_CALLBACK_TIMEOUT_S, settings.JOBS_CALLBACK_BACKOFF_S = 10.0, 30.0
+    now = timezone.now()
+    never_sent = ended_job("https://hooks.example.com/a")  # died between the job's end and the send
+    Job.objects.filter(pk=never_sent.pk).update(finished_at=now - timedelta(seconds=200))
+    # Attempt 1 claimed 40 s ago: overdue 3 x 10 s (its longest run) + 30 s (its backoff) + 60 s (stall) after.
+    retry_due = ended_job("https://hooks.example.com/b")
+    Job.objects.filter(pk=retry_due.pk).update(callback_attempts=1, callback_last_at=now - timedelta(seconds=40))
+    waiting = ended_job("https://hooks.example.com/c")  # attempt 2 just made: its retry is not due yet
+    Job.objects.filter(pk=waiting.pk).update(callback_attempts=2, callback_last_at=now - timedelta(seconds=5))
+    last_lost = ended_job("https://hooks.example.com/d")  # the last attempt (3) died with its worker
+    Job.objects.filter(pk=last_lost.pk).update(callback_attempts=3, callback_last_at=now - timedelta(hours=1))
+
+    assert callbacks.resend_lost(now, stall_s=60) == 1
+    never_sent.refresh_from_db()
+    assert sent == [(never_sent.pk, never_sent.finished_at.isoformat(), 1)]
+    later = now + timedelta(seconds=90)
+    assert callbacks.resend_lost(later, stall_s=60) == 2  # the first again (nothing claimed it), and attempt 2
+    assert (retry_due.pk, retry_due.finished_at.isoformat(), 2) in sent and len(sent) == 3
+    last_lost.refresh_from_db()
+    assert last_lost.callback_status == "failed" and "lost" in last_lost.callback_last_error
+
+
+def test_a_resent_attempt_that_meets_the_original_posts_once(ended_job, receiver):
+    hook = receiver(200)
+    job = ended_job(hook.url)
+    ended_at = job.finished_at.isoformat()
+    assert callbacks.attempt(job.pk, ended_at, 1) is None
+    assert callbacks.attempt(job.pk, ended_at, 1) is None  # the reconciler's copy of attempt 1
+    assert len(hook.got) == 1
+
+
 # The secret API -----------------------------------------------------------------------------
 
 
