@@ -29,12 +29,22 @@ _created = inline_serializer(
 class CallbackSecretView(APIView):
     """GET: whether you have a callback secret, and when it was made. POST: a new one, shown once."""
 
-    @extend_schema(responses={200: _described})
+    @extend_schema(
+        summary="Whether you have a callback secret",
+        description="Whether you have a secret for signing job callbacks, and when it was made; never its value.",
+        responses={200: _described},
+    )
     def get(self, request: Request) -> Response:
         secret = CallbackSecret.objects.filter(owner=request.user).only("created_at").first()
         return Response({"exists": secret is not None, "created_at": secret.created_at if secret else None})
 
-    @extend_schema(request=None, responses={201: _created})
+    @extend_schema(
+        summary="Create or rotate your callback secret",
+        description="A new secret for signing your job callbacks (X-Signature-256), replacing any earlier one at"
+        " once. The answer is the only time the secret is shown.",
+        request=None,
+        responses={201: _created},
+    )
     def post(self, request: Request) -> Response:
         # Rotation replaces the secret at once: callbacks sent from now on are signed with the new one.
         secret = rotate_secret(request.user)
