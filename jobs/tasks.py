@@ -54,11 +54,12 @@ def ingest_upload(job_id: int) -> None:
 
 
 # Job callbacks travel on a queue of their own, which the offline worker consumes beside `offline`.
-# On `offline` a callback would queue behind every chunk already waiting there (a big job's
-# thousands), as its worker takes a message only when a batch's chunks are acknowledged: hours
-# behind a large backlog. On its own queue it is taken at the next free prefetch slot and runs
-# after at most the batch in progress (seconds), in the pool like any plain task. Its own exchange,
-# for the reason platform_/celery.py gives.
+# `offline` is one FIFO list, and the worker takes a message from it only when a batch's chunks are
+# acknowledged (its prefetch is full of chunks): a callback there waits behind every chunk queued
+# before it, hours behind a large backlog (tests/jobs/test_callbacks.py: routed to `offline`, a
+# callback arrived only after another job's 5,000 queued rows had run). On its own list it is taken
+# at the worker's next free prefetch slot and runs in the pool after at most the batch in progress.
+# Its own exchange, for the reason platform_/celery.py gives.
 CALLBACK_QUEUE = Queue("callbacks", Exchange("callbacks", type="direct"), routing_key="callbacks")
 
 
