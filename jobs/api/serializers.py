@@ -8,7 +8,7 @@ from rest_framework.reverse import reverse
 
 from inference.registry import get_registry
 from jobs.callbacks import CallbackRefused, check_destination
-from jobs.models import Job, JobRow
+from jobs.models import CallbackSecret, Job, JobRow
 
 
 class JobSerializer(serializers.ModelSerializer):
@@ -94,11 +94,19 @@ class JobCreateSerializer(serializers.Serializer):
     )
 
     def validate_callback_url(self, value: str) -> str:
-        if value:
-            try:
-                check_destination(value, allow_private=settings.JOBS_CALLBACK_ALLOW_PRIVATE)
-            except CallbackRefused as refused:
-                raise serializers.ValidationError(str(refused)) from None
+        if not value:
+            return value
+        try:
+            check_destination(value, allow_private=settings.JOBS_CALLBACK_ALLOW_PRIVATE)
+        except CallbackRefused as refused:
+            raise serializers.ValidationError(str(refused)) from None
+        request = self.context.get("request")
+        # A callback signed with a secret its receiver never saw cannot be verified: the secret comes first.
+        if request is not None and not CallbackSecret.objects.filter(owner=request.user).exists():
+            raise serializers.ValidationError(
+                "create your callback secret first (POST /api/v1/callback-secret; it is shown once), so that"
+                " you can verify the callbacks' signatures"
+            )
         return value
 
     def validate_model(self, value: str) -> str:

@@ -99,7 +99,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     @extend_schema(request={"multipart/form-data": JobCreateSerializer}, responses={202: JobSerializer})
     def create(self, request: Request, *args, **kwargs) -> Response:
         # Bodies far over the limit never get here: platform_/asgi.py refuses them from Content-Length.
-        form = JobCreateSerializer(data=request.data)
+        form = JobCreateSerializer(data=request.data, context={"request": request})
         form.is_valid(raise_exception=True)
         try:
             job = create_from_upload(request.user, form.validated_data, form.validated_data["file"])

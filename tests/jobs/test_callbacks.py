@@ -157,6 +157,21 @@ def test_creating_a_job_with_a_private_callback_url_is_a_400(settings):
     assert not Job.objects.exists()
 
 
+@pytest.mark.django_db
+def test_a_callback_url_before_the_user_has_a_secret_is_a_400_that_says_how_to_get_one(settings):
+    settings.JOBS_CALLBACK_ALLOW_PRIVATE = True
+    client = APIClient()
+    client.force_authenticate(user("newcomer"))
+    form = {"file": _csv_file(), "model": "router", "text_column": "text", "callback_url": "http://127.0.0.1:9/x"}
+    response = client.post("/api/v1/jobs", form, format="multipart")
+    assert response.status_code == 400, response.content
+    assert "POST /api/v1/callback-secret" in json.dumps(response.json())
+    assert not Job.objects.exists()
+    assert client.post("/api/v1/callback-secret").status_code == 201
+    form["file"] = _csv_file()
+    assert client.post("/api/v1/jobs", form, format="multipart").status_code == 202
+
+
 def _csv_file() -> io.BytesIO:
     data = io.BytesIO(make_csv(3))
     data.name = "rows.csv"
