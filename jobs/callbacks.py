@@ -137,7 +137,9 @@ def rotate_secret(owner) -> CallbackSecret:
 
 
 def secret_for(owner_id: int) -> str:
-    """The owner's signing secret, created if they have none yet (see docs: rotate to learn it)."""
+    """The owner's signing secret. Job creation asks for one first; created here only if it was deleted
+    (an admin revoking it) after the job was created, so the callback is still signed: the owner must
+    rotate it to learn it."""
     try:
         secret, _ = CallbackSecret.objects.get_or_create(owner_id=owner_id, defaults={"secret": new_secret()})
     except IntegrityError:  # created meanwhile by a concurrent delivery for another of their jobs
