@@ -21,6 +21,9 @@ class JobSerializer(serializers.ModelSerializer):
     )
     eta_s = serializers.FloatField(read_only=True, allow_null=True)
     links = serializers.SerializerMethodField()
+    callback_url = serializers.CharField(
+        read_only=True, help_text="where the job's summary is POSTed when it ends; empty: none"
+    )
     callback_status = serializers.CharField(
         read_only=True,
         help_text="pending, delivered or failed; empty when the job has no callback_url or has not ended",
