@@ -21,7 +21,6 @@ import functools
 import json
 import re
 import struct
-import time
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -32,8 +31,7 @@ from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 
 from inference.api.auth import authenticate
-from inference.api.views import call_model, client_key, finish_response, make_request_id, server_timing
-from inference.observe import observe
+from inference.api.views import call_model, client_key, finish_response, make_request_id, serve_observed, server_timing
 from inference.registry import ModelSpec, Registry, get_registry
 from inference.validation import parse_deadline_ms, parse_json_body, validate_inputs
 from platform_.errors import ApiError
@@ -308,27 +306,7 @@ async def _embeddings(request: HttpRequest, request_id: str, started_at: float, 
 async def embeddings_view(request: HttpRequest) -> JsonResponse:
     """POST /v1/embeddings: OpenAI's embeddings endpoint, served like predict (X-Request-ID,
     X-Deadline-Ms, Server-Timing, metrics and the slow-request log included)."""
-    started_at = time.time()
-    request_id = make_request_id(request.headers.get("X-Request-ID"))
-    seen: dict[str, Any] = {"model": "-", "texts": [], "timing": {}, "worker": ""}
-    code = None
-    try:
-        response = await _embeddings(request, request_id, started_at, seen)
-    except ApiError as error:
-        error = openai_error(error)
-        response, code = error.response(), error.code
-        seen["timing"] = {**error.extra.get("timing", {}), "total_ms": (time.time() - started_at) * 1000}
-        response["Server-Timing"] = server_timing(seen["timing"])
-    observe(
-        model=seen["model"],
-        status=response.status_code,
-        code=code,
-        timing=seen["timing"],
-        request_id=request_id,
-        texts=seen["texts"],
-        worker=seen["worker"],
-    )
-    return finish_response(response, request_id)
+    return await serve_observed(request, functools.partial(_embeddings, request), shape_error=openai_error)
 
 
 async def _answer(request: HttpRequest, body: Any) -> JsonResponse:

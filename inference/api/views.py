@@ -7,6 +7,7 @@ import functools
 import re
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis
@@ -206,16 +207,22 @@ def finish_response(response: JsonResponse, request_id: str) -> JsonResponse:
     return response
 
 
-@csrf_exempt  # token callers send no cookie; session callers are CSRF-checked in authenticate()
-async def predict_view(request: Any, name: str) -> JsonResponse:
-    """POST /api/v1/models/<name>/predict: documented in the OpenAPI schema by inference/api/schema.py."""
+async def serve_observed(
+    request: Any,
+    handle: Callable[[str, float, dict[str, Any]], Awaitable[JsonResponse]],
+    shape_error: Callable[[ApiError], ApiError] = lambda error: error,
+) -> JsonResponse:
+    """Run `handle(request_id, started_at, seen)` for a model call and answer it as every model call is
+    answered: an ApiError becomes its response (in the endpoint's shape, `shape_error`), with
+    Server-Timing; the call is recorded (metrics, slow-request log) and X-Request-ID set."""
     started_at = time.time()
     request_id = make_request_id(request.headers.get("X-Request-ID"))
     seen: dict[str, Any] = {"model": "-", "texts": [], "timing": {}, "worker": ""}
     code = None
     try:
-        response = await _predict(request, name, request_id, started_at, seen)
-    except ApiError as error:
+        response = await handle(request_id, started_at, seen)
+    except ApiError as raised:
+        error = shape_error(raised)
         response, code = error.response(), error.code
         seen["timing"] = {**error.extra.get("timing", {}), "total_ms": (time.time() - started_at) * 1000}
         response["Server-Timing"] = server_timing(seen["timing"])
@@ -229,6 +236,12 @@ async def predict_view(request: Any, name: str) -> JsonResponse:
         worker=seen["worker"],
     )
     return finish_response(response, request_id)
+
+
+@csrf_exempt  # token callers send no cookie; session callers are CSRF-checked in authenticate()
+async def predict_view(request: Any, name: str) -> JsonResponse:
+    """POST /api/v1/models/<name>/predict: documented in the OpenAPI schema by inference/api/schema.py."""
+    return await serve_observed(request, functools.partial(_predict, request, name))
 
 
 def _serving_workers() -> list[dict[str, Any]]:
