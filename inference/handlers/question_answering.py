@@ -6,20 +6,27 @@ Two methods, chosen by the models file's `qa_method`:
   sentences; the answer is the sentence closest to the question (cosine similarity). Needs no QA
   training, so any embedding model answers "which sentence says it", never a phrase inside one.
 - "span" (SpanQAHandler): an extractive head (AutoModelForQuestionAnswering) scores each context token
-  as the answer's first and last token; a long context becomes overlapping windows, all of one input's
-  windows run in one pass, and the best span of any window wins.
+  as the answer's first and last token; a long context becomes overlapping windows, each window is scored
+  on its own, and the best span of any window wins.
+
+An input becomes several sequences, all in the one `forward` call runtime.run plans for it; `forward` runs
+them in passes within the model's budget (max_batch_size sequences, max_batch_tokens padded tokens), so
+an input of thousands of sentences or windows costs several passes of normal size, never one pass of
+gigabytes of activations beside other clients' inputs (`_in_passes`).
 
 Every answer is {"answer", "start", "end", "score"} with `context[start:end] == answer`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from inference.batching import plan_batches
 from inference.handlers.base import Handler
 from inference.handlers.embedding import EmbeddingHandler
 from inference.registry import ModelSpec
@@ -48,6 +55,31 @@ def build_qa_handler(spec: ModelSpec) -> Handler:
 def _largest_pass_rows(spec: ModelSpec) -> int:
     """Most sequences of max_seq_length tokens one pass may hold: the shape warm-up runs."""
     return max(1, min(spec.max_batch_size, spec.max_batch_tokens // spec.max_seq_length))
+
+
+def _in_passes(
+    spec: ModelSpec, lengths: list[int], run: Callable[[list[int]], tuple[torch.Tensor, ...]]
+) -> tuple[torch.Tensor, ...]:
+    """`run(indices)` over sequences of these token lengths, in passes within the model's budget.
+
+    `run` takes the indices of the sequences of one pass and returns CPU tensors with one row per
+    sequence, in that order; the result is those tensors with a row per sequence in `lengths`' order.
+    Sequences within max_batch_size and max_batch_tokens (padded to the longest) run in one pass; more,
+    sorted by length and cut by plan_batches as runtime.run cuts inputs. Each row depends on its own
+    sequence only (padding is masked), so the rows are those of one pass, within float tolerance.
+    """
+    if len(lengths) <= spec.max_batch_size and len(lengths) * max(lengths) <= spec.max_batch_tokens:
+        return run(list(range(len(lengths))))
+    passes = plan_batches(lengths, spec.max_batch_size, spec.max_batch_tokens, spec.max_padding_fraction)
+    parts = [run(indices) for indices in passes]
+    order = torch.tensor([index for indices in passes for index in indices])
+    joined = []
+    for part in zip(*parts, strict=True):
+        rows = torch.cat(part)
+        restored = torch.empty_like(rows)
+        restored[order] = rows
+        joined.append(restored)
+    return tuple(joined)
 
 
 def _answer(context: str, start_char: int, end_char: int, score: float) -> dict[str, Any]:
@@ -91,11 +123,10 @@ class SentenceQAHandler(EmbeddingHandler):
         return len(item.sequences), max(len(row) for row in item.sequences)
 
     def forward(self, items: list[SentenceItem]) -> list[dict[str, Any]]:
-        """Every question and sentence of the batch in one padded pass, then one argmax per input."""
+        """Every question and sentence of the batch embedded (in passes within the model's budget), then
+        one argmax per input."""
         rows = [row for item in items for row in item.sequences]
-        input_ids, attention_mask = self.to_device(rows)
-        with torch.inference_mode():
-            vectors = self.embed(self.run_model(input_ids, attention_mask), attention_mask).float().cpu()
+        (vectors,) = _in_passes(self.spec, [len(row) for row in rows], lambda at: self._vectors([rows[i] for i in at]))
         outputs, at = [], 0
         for item in items:
             question, sentences = vectors[at], vectors[at + 1 : at + len(item.sequences)]
@@ -105,6 +136,12 @@ class SentenceQAHandler(EmbeddingHandler):
             start_char, end_char = item.spans[best]
             outputs.append(_answer(item.context, start_char, end_char, float(similarity[best])))
         return outputs
+
+    def _vectors(self, rows: list[list[int]]) -> tuple[torch.Tensor]:
+        """One pass: each sequence's unit vector (float32, on the CPU)."""
+        input_ids, attention_mask = self.to_device(rows)
+        with torch.inference_mode():
+            return (self.embed(self.run_model(input_ids, attention_mask), attention_mask).float().cpu(),)
 
     def warm_up(self) -> None:
         rows = max(2, _largest_pass_rows(self.spec))  # a question and at least one sentence
@@ -235,31 +272,40 @@ class SpanQAHandler(Handler):
         return len(item.windows), max(len(row) for row in item.windows)
 
     def forward(self, items: list[SpanItem]) -> list[dict[str, Any]]:
-        """Every window of the batch in one padded pass, then each input's best span."""
+        """Every window of the batch scored (in passes within the model's budget), then each input's best
+        span."""
         rows = [row for item in items for row in item.windows]
-        input_ids, attention_mask = self.to_device(rows)
-        longest = input_ids.shape[1]
-        # Token types and the context mask travel to the device together, in one copy.
-        extra = torch.stack(
-            [
-                _pad([row for item in items for row in item.token_types], 0, longest),
-                _pad([[int(t) for t in row] for item in items for row in item.context_tokens], 0, longest),
-            ]
-        ).to(self.device, non_blocking=True)
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if self.uses_token_types:
-            inputs["token_type_ids"] = extra[0]
-        with torch.inference_mode():
-            output = self.model(**inputs)
-            scores, starts, ends = (
-                t.cpu() for t in best_spans(output.start_logits, output.end_logits, extra[1].bool())
-            )
+        types = [row for item in items for row in item.token_types]
+        context = [row for item in items for row in item.context_tokens]
+        scores, starts, ends = _in_passes(
+            self.spec,
+            [len(row) for row in rows],
+            lambda at: self._best_spans([rows[i] for i in at], [types[i] for i in at], [context[i] for i in at]),
+        )
         outputs, at = [], 0
         for item in items:
             count = len(item.windows)
             outputs.append(_pick(item, scores[at : at + count], starts[at : at + count], ends[at : at + count]))
             at += count
         return outputs
+
+    def _best_spans(
+        self, rows: list[list[int]], token_types: list[list[int]], context_tokens: list[list[bool]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One pass: each window's best span, as `best_spans` (on the CPU)."""
+        input_ids, attention_mask = self.to_device(rows)
+        longest = input_ids.shape[1]
+        # Token types and the context mask travel to the device together, in one copy.
+        extra = torch.stack(
+            [_pad(token_types, 0, longest), _pad([[int(t) for t in row] for row in context_tokens], 0, longest)]
+        ).to(self.device, non_blocking=True)
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self.uses_token_types:
+            inputs["token_type_ids"] = extra[0]
+        with torch.inference_mode():
+            output = self.model(**inputs)
+            scores, starts, ends = best_spans(output.start_logits, output.end_logits, extra[1].bool())
+        return scores.cpu(), starts.cpu(), ends.cpu()
 
     def warm_up(self) -> None:
         rows, length = _largest_pass_rows(self.spec), self.spec.max_seq_length

@@ -288,3 +288,98 @@ def test_a_too_long_question_is_refused_alone_and_its_neighbour_answered(stack):
     assert "200 tokens" in bad.json()["detail"]
     assert good.status_code == 200, good.text
     assert_offsets_match(good.json()["outputs"][0], LONG_CONTEXT)
+
+
+# Inputs of many sequences run in passes within the model's budget ---------------------------------------
+
+
+def pass_shapes(monkeypatch, handler, attribute: str) -> list[tuple[int, int]]:
+    """(sequences, padded length) of each model call `handler` makes through `attribute` from now on."""
+    shapes: list[tuple[int, int]] = []
+    original = getattr(handler, attribute)
+
+    def recorded(*args, **kwargs):
+        input_ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+        shapes.append(tuple(input_ids.shape))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(handler, attribute, recorded)
+    return shapes
+
+
+def assert_same_answers(split: list[dict], whole: list[dict]) -> None:
+    for one, other in zip(split, whole, strict=True):
+        assert (one["answer"], one["start"], one["end"]) == (other["answer"], other["start"], other["end"])
+        assert one["score"] == pytest.approx(other["score"], rel=1e-4, abs=1e-5)
+
+
+def unbounded(budget: dict) -> dict:
+    """The same model with a pass budget no input reaches: every sequence in one pass."""
+    return {**budget, "max_batch_size": 1 << 20, "max_batch_tokens": 1 << 30}
+
+
+def test_a_context_of_a_thousand_sentences_runs_in_passes_within_the_budget(monkeypatch):
+    # One sentence longer than max_seq_length (truncated to 32 tokens), then 1,000 tiny ones with the answer
+    # among them. In one pass these would be 1,002 sequences padded to 32 tokens (with max_seq_length 256,
+    # to 256 each); a short max_seq_length keeps that one-pass reference cheap on a CPU.
+    long_sentence = "The maintenance log lists " + ", ".join(f"valve {n} checked" for n in range(80)) + "."
+    tiny = [f"Item {n}." for n in range(1000)]
+    tiny[700] = "Tickets cost 20 euros."
+    context = " ".join([long_sentence, *tiny])
+    inputs = [
+        {"question": "How much do tickets cost?", "context": context},
+        {"question": "Who designed the tower?", "context": EIFFEL},
+    ]
+    budget = {"max_batch_size": 32, "max_batch_tokens": 256, "max_seq_length": 32}
+    spec = ModelSpec(name="s-small", task="question-answering", path=MINILM, qa_method="sentence", **budget)
+    small = build_handler(spec)
+    big = build_handler(
+        ModelSpec(name="s-big", task="question-answering", path=MINILM, qa_method="sentence", **unbounded(budget))
+    )
+    items = small.tokenize(inputs)
+    rows, longest = small.cost(items[0])
+    assert rows > 1000 and longest == 32
+
+    shapes = pass_shapes(monkeypatch, small, "run_model")
+    split = small.forward(items)
+    whole = big.forward(big.tokenize(inputs))
+
+    assert_same_answers(split, whole)
+    assert split[0]["answer"] == "Tickets cost 20 euros."
+    assert split[1]["answer"] == sentence_of(EIFFEL, "It is named after")
+    assert sum(n for n, _ in shapes) == rows + 1 + len(split_sentences(EIFFEL))  # every sequence once
+    assert len(shapes) > 1000 // 32
+    assert all(
+        sequences <= 32 and sequences * length <= 256 for sequences, length in shapes
+    )  # the long sentence, alone
+
+
+def test_a_long_context_runs_its_windows_in_passes_within_the_budget(monkeypatch, tiny_qa):
+    context = " ".join([LONG_CONTEXT, INVOICES, EIFFEL, LONG_CONTEXT, LONG_CONTEXT])
+    inputs = [
+        {"question": "Who signed the certificate?", "context": context},
+        {"question": "When is payment due?", "context": INVOICES},
+    ]
+    # Less than one window of 128 tokens: each full window runs alone, short ones in twos or threes.
+    budget = {"max_batch_size": 32, "max_batch_tokens": 100, "max_seq_length": 128}
+    small = build_handler(
+        ModelSpec(name="x-small", task="question-answering", path=str(tiny_qa), doc_stride=32, **budget)
+    )
+    big = build_handler(
+        ModelSpec(name="x-big", task="question-answering", path=str(tiny_qa), doc_stride=32, **unbounded(budget))
+    )
+    items = small.tokenize(inputs)
+    windows = sum(small.cost(item)[0] for item in items)
+    assert small.cost(items[0])[0] > 10
+
+    shapes = pass_shapes(monkeypatch, small, "model")
+    split = small.forward(items)
+    whole = big.forward(big.tokenize(inputs))
+
+    assert_same_answers(split, whole)
+    for output, item in zip(split, inputs, strict=True):
+        assert_offsets_match(output, item["context"])
+    assert sum(n for n, _ in shapes) == windows
+    for sequences, length in shapes:
+        assert sequences * length <= 100 or sequences == 1
+    assert (1, 128) in shapes
