@@ -89,7 +89,8 @@ class Handler:
         """What one tokenized input costs a pass: (sequences, tokens in its longest sequence).
 
         A text is one sequence; a handler whose inputs become several sequences (a question over a
-        long context: overlapping windows) says so here, and runtime.run keeps them in one pass."""
+        long context: overlapping windows) says so here, and runtime.run keeps them in one `forward`
+        call (which runs them in sub-passes within the model's budget when they exceed it)."""
         return 1, len(item)
 
     def tokenize(self, texts: list[Any]) -> list[Any]:
