@@ -29,7 +29,7 @@ import ssl
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -49,10 +49,42 @@ class Unresolvable(CallbackRefused):
     """The host does not resolve now; unlike a private address, that may be a passing DNS failure."""
 
 
+# IPv6 addresses that stand for an IPv4 address, which a translator or the host's own stack may
+# deliver to: NAT64 (64:ff9b::10.0.0.1 reaches 10.0.0.1 through a NAT64 gateway) and SIIT's
+# IPv4-translated ::ffff:0:a.b.c.d carry it in their last 32 bits, 6to4 (2002:0a00:0001::) after
+# its prefix; the embedded address must be public too.
+_EMBEDS_IPV4_LAST_32 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("::ffff:0:0:0/96"))
+# Never public: local-use NAT64 (RFC 8215, translated inside the operator's own network) and the
+# deprecated IPv4-compatible ::a.b.c.d (which includes :: and ::1).
+_NEVER_PUBLIC = (ipaddress.IPv6Network("64:ff9b:1::/48"), ipaddress.IPv6Network("::/96"))
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    if address.sixtofour:
+        return address.sixtofour
+    if any(address in network for network in _EMBEDS_IPV4_LAST_32):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
 def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped:
-        address = address.ipv4_mapped  # ::ffff:127.0.0.1 is loopback too
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped:
+            return _public(address.ipv4_mapped)  # ::ffff:127.0.0.1 is loopback too
+        if any(address in network for network in _NEVER_PUBLIC):
+            return False
+        embedded = _embedded_ipv4(address)
+        if embedded is not None and not _public(embedded):
+            return False
     return address.is_global and not address.is_multicast
+
+
+def _port(parts: SplitResult) -> int:
+    """The URL's port, or its scheme's default; ValueError for port 0 (which `parts.port or 80` would
+    silently turn into 80: the request must go where the URL says, or nowhere)."""
+    if parts.port == 0:
+        raise ValueError("port 0 is not a port a callback can be sent to")
+    return parts.port or (443 if parts.scheme == "https" else 80)
 
 
 def check_destination(url: str, *, allow_private: bool) -> list[str]:
@@ -60,7 +92,7 @@ def check_destination(url: str, *, allow_private: bool) -> list[str]:
     host, does not resolve, or (unless `allow_private`) any address is not a public one."""
     try:
         parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = _port(parts)
     except ValueError as exc:
         raise CallbackRefused(f"callback_url is not a valid URL: {exc}") from None
     if parts.scheme not in ("http", "https"):
@@ -207,7 +239,7 @@ def post(url: str, body: bytes, headers: dict[str, str], *, timeout_s: float, al
     addresses = check_destination(url, allow_private=allow_private)
     parts = urlsplit(url)
     hostname = parts.hostname or ""
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    port = _port(parts)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     host_header = parts.netloc.rsplit("@", 1)[-1]  # userinfo is never sent
     errors = []
