@@ -118,7 +118,13 @@ def qa_tokens(spec: ModelSpec, index: int, question: str, context: str) -> int:
         spans = task_io.split_sentences(context) or [(0, len(context))]
         sequences = [question] + [context[start:end] for start, end in spans]
         field = ("question", "context")
-        return sum(_truncated_counts(spec, sequences, lambda i: f"inputs[{index}].{field[min(i, 1)]}"))
+        counts = _truncated_counts(spec, sequences, lambda i: f"inputs[{index}].{field[min(i, 1)]}")
+        specials = tokenizer_for(spec).num_special_tokens_to_add(is_pair=False)
+        if counts[0] <= specials:
+            raise _unreadable(spec, f"inputs[{index}].question")
+        if all(count <= specials for count in counts[1:]):
+            raise _unreadable(spec, f"inputs[{index}].context")
+        return sum(counts)
     tokenizer = _untruncated_for(spec)
     specials = tokenizer.num_special_tokens_to_add(is_pair=True)
     limit = task_io.max_question_tokens(spec.max_seq_length, specials)
@@ -139,9 +145,24 @@ def qa_tokens(spec: ModelSpec, index: int, question: str, context: str) -> int:
             f"max_seq_length {spec.max_seq_length} tokens must hold {task_io.MIN_CONTEXT_TOKENS_PER_WINDOW} "
             "context tokens beside the question)",
         )
+    if question_tokens == 0:
+        raise _unreadable(spec, where)
     context_tokens = _bare_count(tokenizer, spec, f"inputs[{index}].context", context)
+    if context_tokens == 0:
+        raise _unreadable(spec, f"inputs[{index}].context")
     stride = task_io.doc_stride(spec.doc_stride, spec.max_seq_length)
     return sum(task_io.span_windows(question_tokens, context_tokens, spec.max_seq_length, stride, specials))
+
+
+def _unreadable(spec: ModelSpec, where: str) -> ApiError:
+    """A field that is not blank but holds nothing the model reads (zero-width or direction marks, a BOM,
+    lone combining marks, NUL): its tokenizer drops every character, so any answer would be noise."""
+    return ApiError(
+        400,
+        "invalid_input",
+        f"{where} has no text model {spec.name!r} can read: its tokenizer drops every character "
+        "(only invisible, control or combining characters)",
+    )
 
 
 def encode_batch(tokenizer: Tokenizer, texts: list[str], add_special_tokens: bool = True) -> list:
