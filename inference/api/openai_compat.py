@@ -191,8 +191,11 @@ def parse_embeddings_request(payload: Any, registry: Registry, *, max_inputs: in
     if "input" not in payload:
         raise _invalid("you must provide an `input` parameter", "input", code="missing_required_parameter")
     texts = _texts(payload["input"], spec, max_inputs=max_inputs, max_chars=max_chars)
-    encoding_format = payload.get("encoding_format") or "float"
-    if encoding_format not in ENCODING_FORMATS:
+    # Left out or null means the default; any other value must be one of the formats (0, "" and false too).
+    encoding_format = payload.get("encoding_format")
+    if encoding_format is None:
+        encoding_format = "float"
+    if not isinstance(encoding_format, str) or encoding_format not in ENCODING_FORMATS:
         raise _invalid(
             f"`encoding_format` must be one of {', '.join(ENCODING_FORMATS)}, got {str(encoding_format)[:40]!r}",
             "encoding_format",
@@ -320,6 +323,7 @@ async def _answer(request: HttpRequest, body: Any) -> JsonResponse:
     return finish_response(response, make_request_id(request.headers.get("X-Request-ID")))
 
 
+@csrf_exempt  # GET only: any other method is a 405 in OpenAI's shape, not the CSRF 403 of a session
 async def models_view(request: HttpRequest) -> JsonResponse:
     """GET /v1/models: the embedding models, as OpenAI clients list them before they call."""
     return await _answer(request, lambda: model_list_body(get_registry()))
@@ -333,6 +337,7 @@ def _listed_model(model: str) -> dict[str, Any]:
         raise OpenAIError(404, "model_not_found", error.detail, param="model") from None
 
 
+@csrf_exempt  # GET only: any other method is a 405 in OpenAI's shape, not the CSRF 403 of a session
 async def model_view(request: HttpRequest, model: str) -> JsonResponse:
     """GET /v1/models/<model>: one embedding model (404 for any other name)."""
     return await _answer(request, lambda: _listed_model(model))
