@@ -300,6 +300,16 @@ def read_rows(
             f"id column {id_column!r} not found; the header has: " + ", ".join(repr(h) for h in header),
             field="id_column",
         )
+    # A column read under a name the header holds twice would be one of them, silently: refused instead.
+    read = [(columns[field], column_field(field)) for field in in_task_order(columns)] + [(id_column, "id_column")]
+    for name, upload_field in read:
+        if name and header.count(name) > 1:
+            places = ", ".join(str(at + 1) for at, h in enumerate(header) if h == name)
+            raise IngestError(
+                f"the header has {header.count(name)} columns named {name!r} (columns {places}); "
+                "rename them so that each column read has a name of its own",
+                field=upload_field,
+            )
     positions = {field: header.index(columns[field]) for field in in_task_order(columns)}
     structured = list(positions) != ["text"]
     id_at = header.index(id_column) if id_column else None
