@@ -313,6 +313,7 @@ def qa_upload(stack, data: bytes, **fields: str) -> requests.Response:
         (b"q,c,c\nwho?,Ada wrote it.,Babbage built it.\n", "context_column"),
         (b"id,q,c,id\n1,who?,Ada.,2\n", "id_column"),
     ],
+    ids=["question_column", "context_column", "id_column"],
 )
 def test_a_header_naming_a_read_column_twice_is_a_400_not_a_silent_pick(stack, data, field):
     """Found here: the first of two same-named columns was read silently. Fixed in jobs/ingest.py."""
@@ -443,3 +444,21 @@ def test_creating_a_job_with_a_disguised_private_callback_url_is_a_400_and_creat
     assert response.status_code == 400, response.content
     assert "callback_url" in json.dumps(response.json())
     assert not Job.objects.exists()
+
+
+@pytest.mark.integration
+def test_entities_offsets_point_into_the_text_as_sent_whatever_its_characters(stack):
+    texts = [
+        "😀 Ada Lovelace met 👨\u200d👩\u200d👧 Babbage in London",
+        "Zoe\u0301 and Rene\u0301e live in Zu\u0308rich",
+        "\u200fمرحبا Ada\u200e in\tParis\x00 today",
+        "東京 Tokyo ＡＤＡ ﬁnance",
+        "Ada " * 2000,
+    ]
+    response = stack.predict("entities", texts, **{"X-Deadline-Ms": "10000"})
+    assert response.status_code == 200, response.text
+    outputs = response.json()["outputs"]
+    for text, output in zip(texts, outputs, strict=True):
+        for entity in output["entities"]:
+            assert text[entity["start"] : entity["end"]] == entity["text"], (entity, text[:60])
+    assert outputs[-1]["truncated"] is True
