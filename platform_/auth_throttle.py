@@ -116,15 +116,18 @@ class AuthThrottled(exceptions.Throttled):
 
 
 class ThrottledTokenAuthentication(TokenAuthentication):
-    """DRF's token authentication, refused with 429 for an address that has failed too often."""
+    """DRF's token authentication, as `Token <key>` or `Bearer <key>` (what OpenAI's clients and most
+    HTTP tools send; the same key), refused with 429 for an address that has failed too often."""
+
+    keywords = (b"token", b"bearer")
 
     def authenticate(self, request: Any) -> Any:
         auth = get_authorization_header(request).split()
-        if not auth or auth[0].lower() != self.keyword.lower().encode():
+        if not auth or auth[0].lower() not in self.keywords:
             return None  # no token offered: nothing to guess, and other authenticators may apply
         client_ip = request.META.get("REMOTE_ADDR", "")
         try:
-            return super().authenticate(request)
+            return self._authenticate(auth)
         except exceptions.AuthenticationFailed:
             # A valid token is accepted even from a throttled address (see inference/api/auth.py): only
             # failures are refused, so one tenant cannot lock out others behind the same address.
@@ -132,6 +135,19 @@ class ThrottledTokenAuthentication(TokenAuthentication):
                 raise AuthThrottled(client_ip, wait_s) from None
             record_failure_sync(client_ip)
             raise
+
+    def _authenticate(self, auth: list[bytes]) -> Any:
+        """DRF's checks of the header's parts (its own accept only its one keyword), then the key's user."""
+        if len(auth) != 2:
+            raise exceptions.AuthenticationFailed(
+                f"invalid {auth[0].decode(errors='replace')} header: send '{auth[0].decode(errors='replace')} <key>'"
+                " with the key and no spaces in it"
+            )
+        try:
+            key = auth[1].decode()
+        except UnicodeError:
+            raise exceptions.AuthenticationFailed("invalid token header: the key is not valid text") from None
+        return self.authenticate_credentials(key)
 
 
 def throttle_login(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:

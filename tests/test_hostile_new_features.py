@@ -279,16 +279,15 @@ def test_the_callback_secret_is_never_shown_to_its_owner_again_nor_to_anyone_els
 
 
 @pytest.mark.integration
-@pytest.mark.xfail(
-    strict=True,
-    reason="docs/api.md: 'Authorization: Bearer <key>' authenticates everywhere, but the DRF views "
-    "(jobs, callback-secret) accept only 'Token': platform_/auth_throttle.py, outside this module's fixes",
-)
 def test_bearer_works_on_the_jobs_api_as_documented(stack):
     response = requests.get(
         f"{stack.url}/api/v1/callback-secret", headers={"Authorization": f"Bearer {stack.token}"}, timeout=10
     )
     assert response.status_code == 200, response.text
+    jobs = requests.get(f"{stack.url}/api/v1/jobs", headers={"Authorization": f"bearer {stack.token}"}, timeout=10)
+    assert jobs.status_code == 200, jobs.text
+    wrong = requests.get(f"{stack.url}/api/v1/jobs", headers={"Authorization": "Bearer not-a-key"}, timeout=10)
+    assert wrong.status_code == 401, wrong.text
 
 
 # Jobs with question and context columns ----------------------------------------------------------------
