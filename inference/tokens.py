@@ -68,7 +68,19 @@ def token_counts(spec: ModelSpec, inputs: list[Any], stop_above: int | None = No
         return _text_counts(spec, inputs, stop_above)
     counts: list[int] = []
     for index, item in enumerate(inputs):  # each costs up to two fields of ONLINE_MAX_TEXT_CHARS
-        counts.append(qa_tokens(spec, index, item["question"], item["context"]))
+        count = qa_tokens(spec, index, item["question"], item["context"])
+        # A request is sliced between dispatches text by text, but one input runs whole on one child:
+        # an input over one pass's budget would hold that child (and the requests behind it) for many
+        # passes. 10,000 characters of prose fit; 3,000 one-word sentences (13,000 tokens, 6 s) do not.
+        if count > spec.max_batch_tokens:
+            raise ApiError(
+                400,
+                "invalid_input",
+                f"inputs[{index}] is {count} tokens for model {spec.name!r} (every sequence its question and "
+                f"context make); one input may be at most {spec.max_batch_tokens} tokens (the model's "
+                "max_batch_tokens, one forward pass): split the context",
+            )
+        counts.append(count)
         if stop_above is not None and sum(counts) > stop_above:
             break
     return counts
