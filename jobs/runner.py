@@ -18,13 +18,15 @@ from django.conf import settings
 from inference import runtime
 from inference.admission import online_in_flight
 from inference.batching import group_by
-from inference.registry import get_registry
+from inference.registry import ModelSpec, get_registry
 from inference.task_io import input_fields, takes_text
+from inference.tokens import qa_tokens
 from jobs import lifecycle
 from jobs.ingest import inputs_error, row_error
 from jobs.keys import OFFLINE_YIELD_FIELD, offline_inference_field, offline_rows_field
 from jobs.models import RUNNABLE, Chunk, Job, JobRow, RowStatus
 from observability import metrics
+from platform_.errors import ApiError
 from platform_.redis import get_redis
 
 logger = logging.getLogger(__name__)
@@ -155,6 +157,18 @@ def run_chunks(requests: list[Any]) -> None:
         _run_model(model, [r.kwargs["chunk_id"] for r in group])
 
 
+def _model_error(spec: ModelSpec, inputs: dict[str, str]) -> str:
+    """Why the model cannot take this question and context ("" when it can), as predict's 400 says it: a
+    field with nothing its tokenizer reads, or (span method) a question too long for its windows. Checked
+    before the batch runs: the handler raising on one row would fail every row of the batch, other users'
+    jobs included."""
+    try:
+        qa_tokens(spec, 0, inputs["question"], inputs["context"])
+    except ApiError as error:
+        return error.detail.removeprefix("inputs[0].")[:500]
+    return ""
+
+
 def _run_model(model: str, chunk_ids: list[int]) -> None:
     chunks = claim(chunk_ids, settings.JOBS_STALL_S)
     if not chunks:
@@ -168,7 +182,7 @@ def _run_model(model: str, chunk_ids: list[int]) -> None:
     invalid = []
     for row in rows:
         if fields:
-            error = inputs_error(row.inputs, fields, settings.JOBS_MAX_TEXT_CHARS)
+            error = inputs_error(row.inputs, fields, settings.JOBS_MAX_TEXT_CHARS) or _model_error(spec, row.inputs)
         else:
             error = row_error(row.text, settings.JOBS_MAX_TEXT_CHARS)
         if error:
