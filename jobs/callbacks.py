@@ -26,6 +26,10 @@ import logging
 import secrets
 import socket
 import ssl
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -99,10 +103,10 @@ def check_destination(url: str, *, allow_private: bool) -> list[str]:
         raise CallbackRefused(f"callback_url must be http or https, got {parts.scheme or 'no scheme'!r}")
     if not parts.hostname:
         raise CallbackRefused("callback_url has no host")
-    try:
-        infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise Unresolvable(f"callback_url's host {parts.hostname!r} does not resolve: {exc}") from None
+    if "@" in parts.netloc:
+        # Never sent (the receiver authenticates the signature), yet stored and shown to staff.
+        raise CallbackRefused("callback_url must not hold a user name or password: the signature authenticates")
+    infos = _resolve(parts.hostname, port)
     addresses = sorted({info[4][0] for info in infos})
     if not allow_private:
         for address in addresses:
@@ -112,6 +116,23 @@ def check_destination(url: str, *, allow_private: bool) -> list[str]:
                     " address; callbacks go to public addresses only"
                 )
     return addresses
+
+
+# Name lookups run here with a time limit: a name server that never answers must cost a job upload (a
+# web thread) seconds, not the resolver's own 30. The pool bounds the lookups still hanging.
+_RESOLVE_TIMEOUT_S = 3.0
+_resolver = ThreadPoolExecutor(max_workers=4, thread_name_prefix="callback-dns")
+
+
+def _resolve(hostname: str, port: int) -> list:
+    try:
+        return _resolver.submit(socket.getaddrinfo, hostname, port, type=socket.SOCK_STREAM).result(_RESOLVE_TIMEOUT_S)
+    except FutureTimeout:
+        raise Unresolvable(
+            f"callback_url's host {hostname!r} did not resolve within {_RESOLVE_TIMEOUT_S:.0f} s"
+        ) from None
+    except (OSError, UnicodeError) as exc:
+        raise Unresolvable(f"callback_url's host {hostname!r} does not resolve: {exc}") from None
 
 
 # Delivery -------------------------------------------------------------------------------------
@@ -164,7 +185,12 @@ def new_secret() -> str:
 
 def rotate_secret(owner) -> CallbackSecret:
     """A new secret for `owner`, replacing any earlier one; the only time its value leaves the server."""
-    secret, _ = CallbackSecret.objects.update_or_create(owner=owner, defaults={"secret": new_secret()})
+    try:
+        secret, _ = CallbackSecret.objects.update_or_create(owner=owner, defaults={"secret": new_secret()})
+    except IntegrityError:  # a concurrent first rotation created it: this one replaces it
+        secret = CallbackSecret.objects.get(owner=owner)
+        secret.secret = new_secret()
+        secret.save(update_fields=["secret", "created_at"])
     return secret
 
 
@@ -236,18 +262,31 @@ def post(url: str, body: bytes, headers: dict[str, str], *, timeout_s: float, al
     to a moment later: a DNS answer that changes between the check and the connection (rebinding)
     cannot steer the request to a private address. Raises CallbackRefused when the check refuses.
     """
+    deadline = time.monotonic() + timeout_s
     addresses = check_destination(url, allow_private=allow_private)
     parts = urlsplit(url)
     hostname = parts.hostname or ""
     port = _port(parts)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    host_header = parts.netloc.rsplit("@", 1)[-1]  # userinfo is never sent
+    # An internationalised host name goes in the Host header as IDNA (http.client sends Latin-1 only).
+    host_header = hostname.encode("idna").decode("ascii") if not hostname.isascii() else parts.netloc
+    if parts.port and not hostname.isascii():
+        host_header += f":{parts.port}"
     errors = []
-    for address in addresses:
+    for address in addresses[:_MAX_ADDRESSES]:
+        remaining_s = deadline - time.monotonic()
+        if remaining_s <= 0:
+            errors.append(f"{address}: not tried, the attempt's {timeout_s:.0f} s were spent")
+            break
         if parts.scheme == "https":
-            connection: http.client.HTTPConnection = _PinnedHTTPSConnection(address, port, hostname, timeout_s)
+            connection: http.client.HTTPConnection = _PinnedHTTPSConnection(address, port, hostname, remaining_s)
         else:
-            connection = http.client.HTTPConnection(address, port, timeout=timeout_s)
+            connection = http.client.HTTPConnection(address, port, timeout=remaining_s)
+        # A socket timeout bounds each read, not the answer: a receiver trickling a byte a second would
+        # hold the attempt for ever. At the deadline the socket is shut, which ends any read in progress.
+        watchdog = threading.Timer(remaining_s, _cut, args=(connection,))
+        watchdog.daemon = True
+        watchdog.start()
         try:
             connection.request("POST", target, body=body, headers={**headers, "Host": host_header})
             response = connection.getresponse()
@@ -256,12 +295,30 @@ def post(url: str, body: bytes, headers: dict[str, str], *, timeout_s: float, al
             if 300 <= status < 400:
                 detail = f"redirect to {response.getheader('Location', '?')} not followed"
             return Answer(status, detail.strip())
-        except (OSError, http.client.HTTPException) as exc:
-            # Connection refused or reset, timeout, TLS failure: try the host's next address, if any.
-            errors.append(f"{address}: {type(exc).__name__}: {exc}".rstrip(": "))
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            # Connection refused or reset, timeout, TLS failure, cut at the deadline: try the next address.
+            reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            if time.monotonic() >= deadline:
+                reason = f"TimeoutError: no complete answer within the attempt's {timeout_s:.0f} s"
+            errors.append(f"{address}: {reason}")
         finally:
+            watchdog.cancel()
             connection.close()
     return Answer(None, "; ".join(errors) or "no address to connect to")
+
+
+# A host's first two addresses are tried (its IPv6 and IPv4, say); more would multiply the attempt's time.
+_MAX_ADDRESSES = 2
+
+
+def _cut(connection: http.client.HTTPConnection) -> None:
+    """End the connection's reads and writes now (from the watchdog's thread)."""
+    sock = connection.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def schedule(job: Job) -> None:
@@ -289,7 +346,16 @@ def schedule(job: Job) -> None:
 
     from jobs.tasks import send_callback  # the task module imports this one
 
-    transaction.on_commit(lambda: send_callback(job_id, ended_at, attempt=1))
+    def send() -> None:
+        # After the job's end is committed: a broker outage must not turn that end (a cancel, the last
+        # chunk of a batch of several jobs) into an error. The record stays pending with no attempt, and
+        # the reconciler sends it once the broker is back (resend_lost).
+        try:
+            send_callback(job_id, ended_at, attempt=1)
+        except Exception:
+            logger.warning("job %s: callback not queued now; the reconciler will send it", job_id, exc_info=True)
+
+    transaction.on_commit(send)
 
 
 def attempt(job_id: int, ended_at: str, number: int, *, now: datetime | None = None) -> float | None:
@@ -308,7 +374,11 @@ def attempt(job_id: int, ended_at: str, number: int, *, now: datetime | None = N
     )
     if not mine.update(callback_attempts=number, callback_last_at=now):
         return None
-    job = Job.objects.get(pk=job_id)
+    # Read for this end only: a retry of its failed rows (finished_at cleared) or a deletion since the
+    # claim means there is nothing to announce, and an announcement now would be false.
+    job = Job.objects.filter(pk=job_id, finished_at=datetime.fromisoformat(ended_at)).first()
+    if job is None:
+        return None
     body = body_of(job)
     timestamp = int(now.timestamp())
     headers = {
@@ -332,7 +402,7 @@ def attempt(job_id: int, ended_at: str, number: int, *, now: datetime | None = N
         answer, outcome = Answer(None, str(refused)), Outcome.RETRY
     except CallbackRefused as refused:  # now a private address: policy, not a passing failure
         answer, outcome = Answer(None, str(refused)), Outcome.GIVE_UP
-    except Exception as exc:  # the task's soft time limit (a receiver trickling its answer): recorded, retried
+    except Exception as exc:  # anything else (the task's time limit): recorded, retried
         answer, outcome = Answer(None, f"{type(exc).__name__}: {exc}"), Outcome.RETRY
     last = number >= settings.JOBS_CALLBACK_ATTEMPTS
     if outcome is Outcome.DELIVERED:
@@ -341,7 +411,9 @@ def attempt(job_id: int, ended_at: str, number: int, *, now: datetime | None = N
         status = CallbackStatus.FAILED
     else:
         status = CallbackStatus.PENDING
-    mine = Job.objects.filter(pk=job_id, finished_at=job.finished_at, callback_attempts=number)
+    mine = Job.objects.filter(
+        pk=job_id, finished_at=job.finished_at, callback_attempts=number, callback_status=CallbackStatus.PENDING
+    )
     mine.update(callback_status=status, callback_last_status=answer.status, callback_last_error=answer.error[:500])
     log = logger.info if status == CallbackStatus.DELIVERED else logger.warning
     log("job %s callback attempt %d: %s (%s)", job_id, number, answer.status or answer.error, status)
@@ -365,10 +437,12 @@ def resend_lost(now: datetime, stall_s: float) -> int:
     for job in pending.only("pk", "finished_at", "callback_attempts", "callback_last_at"):
         attempts = job.callback_attempts
         if attempts == 0:
-            due = job.finished_at
+            # callback_last_at: when it was last resent, if it was (a message only waiting is resent
+            # once per stall interval, not on every tick)
+            due = job.callback_last_at or job.finished_at
         else:
-            # The attempt may run up to the task's soft limit, then its retry waits out its backoff.
-            running_s = settings.JOBS_CALLBACK_TIMEOUT_S * 3
+            # The attempt runs up to its deadline (post()), plus a lookup, then its retry waits out its backoff.
+            running_s = settings.JOBS_CALLBACK_TIMEOUT_S + _RESOLVE_TIMEOUT_S
             due = job.callback_last_at + timedelta(
                 seconds=running_s + retry_delay_s(attempts, settings.JOBS_CALLBACK_BACKOFF_S)
             )
@@ -378,6 +452,11 @@ def resend_lost(now: datetime, stall_s: float) -> int:
             Job.objects.filter(pk=job.pk, callback_status=CallbackStatus.PENDING, callback_attempts=attempts).update(
                 callback_status=CallbackStatus.FAILED, callback_last_error="the last attempt was lost with its worker"
             )
+            continue
+        # Noted first, so that the next tick does not resend it again while this message waits.
+        if not Job.objects.filter(pk=job.pk, callback_status=CallbackStatus.PENDING, callback_attempts=attempts).update(
+            callback_last_at=now
+        ):
             continue
         send_callback(job.pk, job.finished_at.isoformat(), attempts + 1)
         resent += 1

@@ -260,7 +260,17 @@ class Job(models.Model):
             Chunk.objects.filter(pk__in=[c.pk for c in chunks]).update(
                 status=ChunkStatus.QUEUED, enqueued_at=timezone.now(), progress_at=None
             )
-            Job.objects.filter(pk=job.pk).update(status=JobStatus.QUEUED, finished_at=None, error="")
+            # The callback record is of the end being undone: cleared, and written anew when the job ends again.
+            Job.objects.filter(pk=job.pk).update(
+                status=JobStatus.QUEUED,
+                finished_at=None,
+                error="",
+                callback_status="",
+                callback_attempts=0,
+                callback_last_status=None,
+                callback_last_error="",
+                callback_last_at=None,
+            )
             job.refresh_counts()
         self.refresh_from_db()
         return len(failed), chunks

@@ -159,13 +159,19 @@ def run_chunks(requests: list[Any]) -> None:
 
 def _model_error(spec: ModelSpec, inputs: dict[str, str]) -> str:
     """Why the model cannot take this question and context ("" when it can), as predict's 400 says it: a
-    field with nothing its tokenizer reads, or (span method) a question too long for its windows. Checked
+    field with nothing its tokenizer reads, (span method) a question too long for its windows, or more
+    tokens than one forward pass. Checked
     before the batch runs: the handler raising on one row would fail every row of the batch, other users'
     jobs included."""
     try:
-        qa_tokens(spec, 0, inputs["question"], inputs["context"])
+        tokens = qa_tokens(spec, 0, inputs["question"], inputs["context"])
     except ApiError as error:
         return error.detail.removeprefix("inputs[0].")[:500]
+    if tokens > spec.max_batch_tokens:  # as online: one row runs whole, without yielding to online calls
+        return (
+            f"the question and context are {tokens} tokens for model {spec.name!r}; one row may be at most "
+            f"{spec.max_batch_tokens} (the model's max_batch_tokens, one forward pass): split the context"
+        )
     return ""
 
 

@@ -3,9 +3,12 @@ jobs/callbacks.py and jobs/retention.py), and the offline worker's housekeeping 
 
 from __future__ import annotations
 
+import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from celery import signals
+from django import db
 from django.conf import settings
 from kombu import Exchange, Queue
 
@@ -19,6 +22,8 @@ from jobs.runner import requeue_lost, run_chunks
 from platform_.celery import app, worker_role
 from platform_.cpu import lower_cpu_priority
 from platform_.periodic import Periodic
+
+logger = logging.getLogger(__name__)
 
 
 class OfflineBatches(AdaptiveBatches):
@@ -58,24 +63,41 @@ def ingest_upload(job_id: int) -> None:
 # acknowledged (its prefetch is full of chunks): a callback there waits behind every chunk queued
 # before it, hours behind a large backlog (tests/jobs/test_callbacks.py: routed to `offline`, a
 # callback arrived only after another job's 5,000 queued rows had run). On its own list it is taken
-# at the worker's next free prefetch slot and runs in the pool after at most the batch in progress.
+# at the worker's next free prefetch slot, and handed to a thread once the child finishes its batch in progress.
 # Its own exchange, for the reason platform_/celery.py gives.
 CALLBACK_QUEUE = Queue("callbacks", Exchange("callbacks", type="direct"), routing_key="callbacks")
 
 
 # Not acks_late: an attempt lost with its worker is sent again by the reconciler once overdue
-# (callbacks.resend_lost), never redelivered mid-POST. The soft limit turns a receiver that trickles
-# its answer into a recorded, retried error.
-@app.task(
-    name="jobs.deliver_callback",
-    ignore_result=True,
-    soft_time_limit=settings.JOBS_CALLBACK_TIMEOUT_S * 3,
-    time_limit=settings.JOBS_CALLBACK_TIMEOUT_S * 3 + 10,
-)
+# (callbacks.resend_lost), never redelivered mid-POST.
+@app.task(name="jobs.deliver_callback", ignore_result=True)
 def deliver_callback(job_id: int, ended_at: str, attempt: int) -> None:
-    retry_in_s = callbacks.attempt(job_id, ended_at, attempt)
-    if retry_in_s is not None:
-        send_callback(job_id, ended_at, attempt + 1, countdown_s=retry_in_s)
+    # The POST runs on a thread of this child, not on the child itself: the child also runs every
+    # user's chunks, and a receiver that answers slowly (up to JOBS_CALLBACK_TIMEOUT_S an attempt, a
+    # deadline callbacks.post enforces) must cost those jobs nothing. The threads bound how many
+    # attempts run at once in a child.
+    _deliveries().submit(_deliver, job_id, ended_at, attempt)
+
+
+_delivery_pool: ThreadPoolExecutor | None = None
+
+
+def _deliveries() -> ThreadPoolExecutor:
+    global _delivery_pool
+    if _delivery_pool is None:  # made in the child that first needs it: threads do not survive fork
+        _delivery_pool = ThreadPoolExecutor(settings.JOBS_CALLBACK_THREADS, thread_name_prefix="callback")
+    return _delivery_pool
+
+
+def _deliver(job_id: int, ended_at: str, attempt: int) -> None:
+    try:
+        retry_in_s = callbacks.attempt(job_id, ended_at, attempt)
+        if retry_in_s is not None:
+            send_callback(job_id, ended_at, attempt + 1, countdown_s=retry_in_s)
+    except Exception:  # the reconciler sends a lost attempt again
+        logger.exception("job %s: callback attempt %d failed unexpectedly", job_id, attempt)
+    finally:
+        db.connection.close()  # this thread's own connection
 
 
 def send_callback(job_id: int, ended_at: str, attempt: int, countdown_s: float = 0.0) -> None:

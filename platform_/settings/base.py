@@ -311,6 +311,9 @@ JOBS_CALLBACK_ALLOW_PRIVATE = env.bool("JOBS_CALLBACK_ALLOW_PRIVATE", default=Fa
 JOBS_CALLBACK_ATTEMPTS = env.int("JOBS_CALLBACK_ATTEMPTS", default=6)
 # JOBS_CALLBACK_TIMEOUT_S: how long one delivery attempt waits for the receiver.
 JOBS_CALLBACK_TIMEOUT_S = env.float("JOBS_CALLBACK_TIMEOUT_S", default=10.0)
+# JOBS_CALLBACK_THREADS: callback attempts one offline worker child runs at once, on threads beside its
+# chunks (so slow receivers cost offline jobs nothing).
+JOBS_CALLBACK_THREADS = env.int("JOBS_CALLBACK_THREADS", default=4)
 # JOBS_CALLBACK_BACKOFF_S: wait before a callback's second attempt, doubled before each next one.
 JOBS_CALLBACK_BACKOFF_S = env.float("JOBS_CALLBACK_BACKOFF_S", default=30.0)
 # JOBS_CALLBACK_BASE_URL: the platform's public URL (https://jobs.example.com); callbacks' result

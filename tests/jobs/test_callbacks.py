@@ -16,6 +16,7 @@ import shutil
 import ssl
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -32,7 +33,7 @@ from jobs.callbacks import CallbackRefused, Unresolvable, check_destination
 from jobs.models import CallbackSecret, CallbackStatus, Job, JobStatus
 from tests.conftest import free_port, wait_until
 from tests.jobs.factories import job_with_rows, user
-from tests.jobs.test_jobs_api import get_job, make_csv, upload
+from tests.jobs.test_jobs_api import get_job, make_csv, upload, wait_for_end
 
 
 def verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
@@ -126,6 +127,23 @@ def test_private_loopback_and_link_local_destinations_are_refused(url):
 def test_only_http_urls_with_a_host_are_accepted(url):
     with pytest.raises(CallbackRefused):
         check_destination(url, allow_private=True)
+
+
+def test_a_url_with_a_user_name_or_password_is_refused():
+    # Never sent (the signature authenticates), yet it would be stored and shown to staff.
+    with pytest.raises(CallbackRefused, match="user name or password"):
+        check_destination("https://hook:s3cret@93.184.215.14/hooks", allow_private=False)
+
+
+def test_an_internationalised_host_goes_in_the_host_header_as_idna(receiver, monkeypatch):
+    hook = receiver(200)
+    port = hook.url.split(":")[2].split("/")[0]
+    # No resolver here knows bücher.example: the name's check answers the receiver's address, and what
+    # is tested is the Host header the receiver got (http.client refuses a non-ASCII one).
+    monkeypatch.setattr(callbacks, "check_destination", lambda url, allow_private: ["127.0.0.1"])
+    answer = callbacks.post(f"http://bücher.example:{port}/hooks", b"{}", {}, timeout_s=5.0, allow_private=True)
+    assert answer.status == 200, answer
+    assert hook.got[0].headers["Host"] == f"xn--bcher-kva.example:{port}"
 
 
 def test_a_public_address_is_accepted():
@@ -377,6 +395,8 @@ def test_the_reconciler_resends_a_lost_attempt_once_it_is_overdue(ended_job, mon
     Job.objects.filter(pk=last_lost.pk).update(callback_attempts=3, callback_last_at=now - timedelta(hours=1))
 
     assert callbacks.resend_lost(now, stall_s=60) == 1
+    # Its message may be only waiting (the worker busy): not sent again on every tick, once per interval.
+    assert callbacks.resend_lost(now + timedelta(seconds=30), stall_s=60) == 0
     never_sent.refresh_from_db()
     assert sent == [(never_sent.pk, never_sent.finished_at.isoformat(), 1)]
     later = now + timedelta(seconds=90)
@@ -393,6 +413,42 @@ def test_a_resent_attempt_that_meets_the_original_posts_once(ended_job, receiver
     assert callbacks.attempt(job.pk, ended_at, 1) is None
     assert callbacks.attempt(job.pk, ended_at, 1) is None  # the reconciler's copy of attempt 1
     assert len(hook.got) == 1
+
+
+@pytest.fixture
+def trickler() -> Iterator[tuple[str, threading.Event]]:
+    """A receiver that accepts, then sends its answer a byte every 0.2 s until released: each read
+    succeeds within any socket timeout, so only a deadline on the whole attempt ends it."""
+    release = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            try:
+                while not release.wait(0.2):
+                    self.wfile.write(b"H")
+                    self.wfile.flush()
+            except OSError:
+                pass  # the platform hung up
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/hook", release
+    release.set()
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_receiver_trickling_its_answer_is_cut_at_the_attempts_deadline(trickler):
+    url, _ = trickler
+    started = time.monotonic()
+    answer = callbacks.post(url, b"{}", {}, timeout_s=1.0, allow_private=True)
+    elapsed_s = time.monotonic() - started
+    assert answer.status is None and "within the attempt's 1 s" in answer.error, answer
+    assert elapsed_s < 3, f"the attempt took {elapsed_s:.1f} s"
 
 
 # The secret API -----------------------------------------------------------------------------
@@ -518,6 +574,29 @@ def test_a_cancelled_job_calls_back_and_rotation_changes_the_signature(stack, re
     [got] = hook.got
     assert json.loads(got.body)["status"] == "cancelled"
     assert verify(new, got.headers, got.body) and not verify(old, got.headers, got.body)
+
+
+@pytest.mark.integration
+def test_a_slow_receiver_does_not_hold_up_another_users_job(stack, trickler):
+    """One user's callback goes to a receiver that never finishes answering (cut at the attempt's 10 s
+    deadline). The POST runs on a thread of the offline child, so another user's job, uploaded while
+    it hangs, runs and ends meanwhile."""
+    url, release = trickler
+    _new_secret(stack)
+    slow = upload(stack, make_csv(5), token=stack.third_token, callback_url=url)
+    assert slow.status_code == 202, slow.text
+    wait_until(
+        lambda: get_job(stack, slow.json()["id"], token=stack.third_token)["callback_attempts"] >= 1,
+        60,
+        "the slow callback's first attempt to start",
+    )
+    started = time.monotonic()
+    other = upload(stack, make_csv(20))  # the stack's first user
+    assert other.status_code == 202, other.text
+    job = wait_for_end(stack, other.json()["id"])
+    assert job["status"] == "succeeded"
+    assert not release.is_set()
+    assert time.monotonic() - started < 9, "the other job waited for the slow receiver's attempt"
 
 
 @pytest.mark.integration
