@@ -1,6 +1,6 @@
 """ASGI entry point: the web tier runs under uvicorn so predict calls wait on Redis without a thread each.
 
-Predict calls take a lean path (`LeanView`): the async view is called straight from ASGI. Django's
+Predict calls (and /v1/embeddings, predict in OpenAI's wire format) take a lean path (`LeanView`): the async view is called straight from ASGI. Django's
 handler costs every request a fresh thread pool (its ThreadSensitiveContext), a thread for each of
 the request_started / request_finished signals and one to close the response, plus a thread hop
 per classic middleware. Profiled under overload (py-spy, docs/benchmarks.md), creating and joining
@@ -40,6 +40,10 @@ from platform_.bodies import BodyGuard, declared_length, send_response, too_larg
 # platform_ imports no app.
 PREDICT_VIEW = "inference.api.views.predict_view"
 PREDICT_EARLY_REFUSAL = "inference.api.views.early_refusal"
+# OpenAI-compatible embeddings: predict under another wire format, so the same lean path (without the
+# header-only early refusal: its model is named in the body).
+EMBEDDINGS_VIEW = "inference.api.openai_compat.embeddings_view"
+EMBEDDINGS_PATH = "/v1/embeddings"
 UPLOAD_AUTH = "inference.api.auth"
 
 logger = logging.getLogger("django.request")
@@ -145,11 +149,16 @@ predict_application = LeanView(
 )
 
 
+embeddings_application = LeanView(import_string(EMBEDDINGS_VIEW), settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+
+
 guarded_django_application = BodyGuard(django_application, auth=importlib.import_module(UPLOAD_AUTH))
 
 
 async def application(scope, receive, send) -> None:
     if scope["type"] == "http" and (match := _PREDICT_PATH.match(scope["path"])):
         await predict_application(scope, receive, send, name=match["name"])
+    elif scope["type"] == "http" and scope["path"] == EMBEDDINGS_PATH:
+        await embeddings_application(scope, receive, send)
     else:
         await guarded_django_application(scope, receive, send)

@@ -404,3 +404,19 @@ def test_base64_is_little_endian_float32():
     body = embeddings_body("embedding", [{"embedding": [1.0, -0.5]}], [3, 4], "base64")
     assert base64.b64decode(body["data"][0]["embedding"]) == struct.pack("<2f", 1.0, -0.5)
     assert body["usage"] == {"prompt_tokens": 7, "total_tokens": 7}
+
+
+def test_embeddings_take_predicts_lean_path_not_the_middleware_stack(stack):
+    """Served by platform_/asgi.py's LeanView, as predict is (Django's handler and middleware cost a web
+    process about a third of its CPU under overload): no header of the middleware stack, but the ones
+    the view sets itself."""
+    headers = {"Authorization": f"Bearer {stack.token}", "X-Request-ID": "lean-1"}
+    lean = requests.post(
+        f"{stack.url}/v1/embeddings", json={"model": "embedding", "input": "hi"}, headers=headers, timeout=10
+    )
+    assert lean.status_code == 200, lean.text
+    assert "X-Frame-Options" not in lean.headers  # XFrameOptionsMiddleware did not run
+    assert lean.headers["X-Content-Type-Options"] == "nosniff" and lean.headers["X-Request-ID"] == "lean-1"
+    assert "total;dur=" in lean.headers["Server-Timing"]
+    full = requests.get(f"{stack.url}/v1/models", headers=headers, timeout=10)
+    assert full.status_code == 200 and full.headers["X-Frame-Options"] == "DENY"  # the full stack, for contrast
