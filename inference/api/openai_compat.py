@@ -15,7 +15,6 @@ The request parsing and response shaping are plain functions (`parse_embeddings_
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import functools
 import json
@@ -31,9 +30,18 @@ from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 
 from inference.api.auth import authenticate
-from inference.api.views import call_model, client_key, finish_response, make_request_id, serve_observed, server_timing
+from inference.api.views import (
+    call_model,
+    client_key,
+    deadline_ms_of,
+    finish_response,
+    make_request_id,
+    read_json,
+    serve_observed,
+    server_timing,
+)
 from inference.registry import ModelSpec, Registry, get_registry
-from inference.validation import parse_deadline_ms, parse_json_body, validate_inputs
+from inference.validation import validate_inputs
 from platform_.errors import ApiError
 
 EMBEDDING_TASK = "embedding"
@@ -258,10 +266,6 @@ def model_list_body(registry: Registry) -> dict[str, Any]:
 # --- views: HTTP in, the functions above, HTTP out ------------------------------------------------
 
 
-# Bodies larger than this are parsed in a thread (64 short texts are a few KB), as predict's are.
-_INLINE_PARSE_BYTES = 64 * 1024
-
-
 def _method(request: HttpRequest, allowed: str) -> None:
     if request.method != allowed:
         raise OpenAIError(405, "method_not_allowed", f"use {allowed}, not {request.method}", headers={"Allow": allowed})
@@ -270,22 +274,12 @@ def _method(request: HttpRequest, allowed: str) -> None:
 async def _embeddings(request: HttpRequest, request_id: str, started_at: float, seen: dict[str, Any]) -> JsonResponse:
     _method(request, "POST")
     user = await authenticate(request)
-    parse = functools.partial(
-        parse_json_body,
-        request.headers.get("Content-Type", ""),
-        request.body,
-        max_depth=settings.ONLINE_MAX_JSON_DEPTH,
-        max_number_digits=settings.ONLINE_MAX_NUMBER_DIGITS,
-    )
-    # As predict does: a large body can take the parser seconds, so it is parsed off the event loop.
-    payload = await asyncio.to_thread(parse) if len(request.body) > _INLINE_PARSE_BYTES else parse()
+    payload = await read_json(request)
     checked = parse_embeddings_request(
         payload, get_registry(), max_inputs=settings.ONLINE_MAX_INPUTS, max_chars=settings.ONLINE_MAX_TEXT_CHARS
     )
     seen["model"], seen["texts"] = checked.spec.name, checked.texts
-    deadline_ms = parse_deadline_ms(
-        request.headers.get("X-Deadline-Ms"), settings.ONLINE_DEADLINE_MS, settings.ONLINE_MAX_DEADLINE_MS
-    )
+    deadline_ms = deadline_ms_of(request)
     try:
         result = await call_model(
             checked.spec,

@@ -56,16 +56,7 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
     if spec is None:
         raise ApiError(404, "unknown_model", f"unknown model {name!r}; served models: {', '.join(registry.names())}")
     seen["model"] = name
-    parse = functools.partial(
-        parse_json_body,
-        request.headers.get("Content-Type", ""),
-        request.body,
-        max_depth=settings.ONLINE_MAX_JSON_DEPTH,
-        max_number_digits=settings.ONLINE_MAX_NUMBER_DIGITS,
-    )
-    # A large body can take the parser seconds (millions of small arrays, all within the limits): in
-    # a thread, the event loop keeps serving other clients meanwhile (it gets the GIL every 5 ms).
-    payload = await asyncio.to_thread(parse) if len(request.body) > _INLINE_PARSE_BYTES else parse()
+    payload = await read_json(request)
     texts = validate_inputs(
         payload,
         max_inputs=settings.ONLINE_MAX_INPUTS,
@@ -74,11 +65,14 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
         model=name,
     )
     seen["texts"] = texts
-    deadline_ms = parse_deadline_ms(
-        request.headers.get("X-Deadline-Ms"), settings.ONLINE_DEADLINE_MS, settings.ONLINE_MAX_DEADLINE_MS
-    )
     result = await call_model(
-        spec, texts, deadline_ms, request_id, started_at, client=str(user.pk), caller_key=client_key(request.headers)
+        spec,
+        texts,
+        deadline_ms_of(request),
+        request_id,
+        started_at,
+        client=str(user.pk),
+        caller_key=client_key(request.headers),
     )
     seen["timing"], seen["worker"] = result.timing, result.worker
     response = JsonResponse(
@@ -86,6 +80,29 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
     )
     response["Server-Timing"] = server_timing(result.timing)
     return response
+
+
+async def read_json(request: Any) -> Any:
+    """The request's JSON body, checked as every model call's is (415, depth and number limits: 400).
+
+    A large body can take the parser seconds (millions of small arrays, all within the limits): in a
+    thread, the event loop keeps serving other clients meanwhile (it gets the GIL every 5 ms).
+    """
+    parse = functools.partial(
+        parse_json_body,
+        request.headers.get("Content-Type", ""),
+        request.body,
+        max_depth=settings.ONLINE_MAX_JSON_DEPTH,
+        max_number_digits=settings.ONLINE_MAX_NUMBER_DIGITS,
+    )
+    return await asyncio.to_thread(parse) if len(request.body) > _INLINE_PARSE_BYTES else parse()
+
+
+def deadline_ms_of(request: Any) -> int:
+    """The call's deadline: its X-Deadline-Ms (400 when malformed), capped, or the default."""
+    return parse_deadline_ms(
+        request.headers.get("X-Deadline-Ms"), settings.ONLINE_DEADLINE_MS, settings.ONLINE_MAX_DEADLINE_MS
+    )
 
 
 async def call_model(
