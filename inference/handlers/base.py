@@ -123,9 +123,13 @@ class Handler:
     def predict(self, texts: list[Any]) -> list[dict[str, Any]]:
         return self.forward(self.tokenize(texts))
 
+    def largest_pass_rows(self) -> int:
+        """Most sequences of max_seq_length tokens one pass may hold: the shape warm-up runs."""
+        return max(1, min(self.spec.max_batch_size, self.spec.max_batch_tokens // self.spec.max_seq_length))
+
     def warm_up(self) -> None:
         """Run the largest batch shape once, so the first real request neither compiles nor allocates."""
-        size = max(1, min(self.spec.max_batch_size, self.spec.max_batch_tokens // self.spec.max_seq_length))
+        size = self.largest_pass_rows()
         filler = self.tokenizer.convert_tokens_to_ids(["the"])[0]
         self.forward([[filler] * self.spec.max_seq_length for _ in range(size)])
 

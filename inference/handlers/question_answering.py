@@ -52,11 +52,6 @@ def build_qa_handler(spec: ModelSpec) -> Handler:
     return SpanQAHandler.load(spec)
 
 
-def _largest_pass_rows(spec: ModelSpec) -> int:
-    """Most sequences of max_seq_length tokens one pass may hold: the shape warm-up runs."""
-    return max(1, min(spec.max_batch_size, spec.max_batch_tokens // spec.max_seq_length))
-
-
 def _in_passes(
     spec: ModelSpec, lengths: list[int], run: Callable[[list[int]], tuple[torch.Tensor, ...]]
 ) -> tuple[torch.Tensor, ...]:
@@ -144,7 +139,7 @@ class SentenceQAHandler(EmbeddingHandler):
             return (self.embed(self.run_model(input_ids, attention_mask), attention_mask).float().cpu(),)
 
     def warm_up(self) -> None:
-        rows = max(2, _largest_pass_rows(self.spec))  # a question and at least one sentence
+        rows = max(2, self.largest_pass_rows())  # a question and at least one sentence
         filler = self.tokenizer.convert_tokens_to_ids(["the"])[0]
         row = [filler] * self.spec.max_seq_length
         self.forward([SentenceItem("the", [(0, 3)] * (rows - 1), [row] * rows)])
@@ -308,7 +303,7 @@ class SpanQAHandler(Handler):
         return scores.cpu(), starts.cpu(), ends.cpu()
 
     def warm_up(self) -> None:
-        rows, length = _largest_pass_rows(self.spec), self.spec.max_seq_length
+        rows, length = self.largest_pass_rows(), self.spec.max_seq_length
         filler = self.tokenizer.convert_tokens_to_ids(["the"])[0]
         cls_id, sep_id = self.tokenizer.cls_token_id or filler, self.tokenizer.sep_token_id or filler
         # [CLS] the [SEP] the ... the [SEP]: a one-token question over a full window of context.

@@ -188,5 +188,4 @@ class TokenClassificationHandler(Handler):
 
     def warm_up(self) -> None:
         """Run the largest batch shape once through the whole path (tokenize, pass, merge)."""
-        size = max(1, min(self.spec.max_batch_size, self.spec.max_batch_tokens // self.spec.max_seq_length))
-        self.forward(self.tokenize(["the " * self.spec.max_seq_length] * size))
+        self.forward(self.tokenize(["the " * self.spec.max_seq_length] * self.largest_pass_rows()))
