@@ -206,7 +206,10 @@ class JobAdmin(admin.ModelAdmin):
         if not counts:
             return NOT_STORED
         labels = format_html_join(
-            " · ", '<a href="{}">{}</a> {}', ((rows_url(job.pk, label=c["label"]), c["label"], c["n"]) for c in counts)
+            " · ",
+            '<a href="{}">{}</a> {}',
+            # Question-answering and extraction rows have no label: named, not an empty link.
+            ((rows_url(job.pk, label=c["label"]), c["label"] or "no label", c["n"]) for c in counts),
         )
         return format_html(
             '{} — <a href="{}">{} low-confidence row(s) to review</a>',

@@ -337,6 +337,8 @@ def test_job_page_and_admin_show_answers(client, qa_job, entities_job):
     assert '<mark title="answer, score 0.42">Ada Lovelace</mark>' in admin_page
     rows_page = client.get(reverse("admin:jobs_jobrow_changelist"), {"job__id__exact": qa_job.pk}).content.decode()
     assert "[24:36]" in rows_page and "this task answers no labels" in rows_page
+    job_page = client.get(reverse("admin:jobs_job_change", args=[qa_job.pk])).content.decode()
+    assert ">no label</a> 1" in job_page  # the label summary names the unlabelled rows, not an empty link
 
 
 # End to end on the live stack ---------------------------------------------------------------------------
