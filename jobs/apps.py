@@ -6,9 +6,12 @@ class JobsConfig(AppConfig):
     verbose_name = "Offline jobs"
 
     def ready(self) -> None:
-        from jobs import monitoring
+        from jobs import callbacks, monitoring, scheduler
+        from jobs.signals import job_ended
         from observability import registry
 
+        job_ended.connect(callbacks.schedule, dispatch_uid="jobs.callbacks")
+        job_ended.connect(scheduler.on_job_ended, dispatch_uid="jobs.scheduler")
         registry.register_gauges(monitoring.gauges)
         registry.register_rule(monitoring.offline_stalled)
         registry.register_dashboard(monitoring.dashboard_section)

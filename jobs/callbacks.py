@@ -40,6 +40,7 @@ from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
 
+from jobs import enqueue
 from jobs.models import CallbackSecret, CallbackStatus, Job
 
 logger = logging.getLogger(__name__)
@@ -321,10 +322,10 @@ def _cut(connection: http.client.HTTPConnection) -> None:
             pass
 
 
-def schedule(job: Job) -> None:
+def schedule(job: Job, **_: Any) -> None:
     """The job has just ended (its terminal transition won): start its callback, if it has one.
 
-    Called once per end, by Job._ended. A job that ends again after a retry of its failed rows gets
+    Called once per end, as a receiver of jobs.signals.job_ended. A job that ends again after a retry of its failed rows gets
     a new callback: the record starts over and the end is named by its finished_at, so attempts
     still pending for the earlier end stop (the receiver gets each end's summary once it is delivered).
     """
@@ -344,14 +345,12 @@ def schedule(job: Job) -> None:
     ended_at = job.finished_at.isoformat()
     job_id = job.pk
 
-    from jobs.tasks import send_callback  # the task module imports this one
-
     def send() -> None:
         # After the job's end is committed: a broker outage must not turn that end (a cancel, the last
         # chunk of a batch of several jobs) into an error. The record stays pending with no attempt, and
         # the reconciler sends it once the broker is back (resend_lost).
         try:
-            send_callback(job_id, ended_at, attempt=1)
+            enqueue.callback_attempt(job_id, ended_at, attempt=1)
         except Exception:
             logger.warning("job %s: callback not queued now; the reconciler will send it", job_id, exc_info=True)
 
@@ -430,8 +429,6 @@ def resend_lost(now: datetime, stall_s: float) -> int:
     attempt is claimed by number, so one of the two sends and the other finds it taken. A callback
     whose last attempt was lost is failed. Returns how many were sent again.
     """
-    from jobs.tasks import send_callback  # the task module imports this one
-
     resent = 0
     pending = Job.objects.filter(callback_status=CallbackStatus.PENDING, finished_at__isnull=False)
     for job in pending.only("pk", "finished_at", "callback_attempts", "callback_last_at"):
@@ -458,6 +455,6 @@ def resend_lost(now: datetime, stall_s: float) -> int:
             callback_last_at=now
         ):
             continue
-        send_callback(job.pk, job.finished_at.isoformat(), attempts + 1)
+        enqueue.callback_attempt(job.pk, job.finished_at.isoformat(), attempts + 1)
         resent += 1
     return resent

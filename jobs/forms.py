@@ -7,6 +7,7 @@ from django import forms
 from inference.registry import get_registry
 from inference.task_io import input_fields
 from jobs.ingest import column_field
+from jobs.models import Priority
 
 
 class UploadForm(forms.Form):
@@ -38,6 +39,11 @@ class UploadForm(forms.Form):
     delimiter = forms.ChoiceField(
         required=False,
         choices=[("", "detect from the file"), ("comma", "comma ,"), ("semicolon", "semicolon ;"), ("tab", "tab")],
+    )
+    priority = forms.ChoiceField(
+        choices=Priority.choices,
+        initial=Priority.NORMAL,
+        help_text="higher is served first; a lower priority still advances (normal unless staff raised your limit)",
     )
     encoding = forms.CharField(
         initial="utf-8", help_text="utf-8, latin-1, gbk, ...; a UTF-8/16/32 byte-order mark is honoured"

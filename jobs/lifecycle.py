@@ -16,10 +16,13 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from inference.registry import get_registry
+from inference.registry import ModelSpec, get_registry
 from inference.task_io import takes_text
+from inference.tokens import token_counts
+from jobs import enqueue, quotas, scheduler
 from jobs.ingest import IngestError, IngestLimits, in_task_order, input_columns, preflight, read_rows
-from jobs.models import Chunk, Job, JobRow, JobStatus, RowStatus, UploadPart
+from jobs.models import Chunk, ChunkStatus, Job, JobRow, JobStatus, Priority, RowStatus, UploadPart
+from platform_.errors import ApiError
 
 logger = logging.getLogger(__name__)
 # Bytes per stored slice of an upload: one row each, read back one at a time by the ingest task.
@@ -47,6 +50,7 @@ def create_job(
     encoding: str = "utf-8",
     delimiter: str | None = None,
     callback_url: str = "",
+    priority: str = Priority.NORMAL,
 ) -> Job:
     """Check the file's start, store it and queue its ingest; the job answers `ingesting`.
 
@@ -59,6 +63,9 @@ def create_job(
     if spec is None:
         raise IngestError(f"unknown model {model!r}; served models: {', '.join(get_registry().names())}", field="model")
     mapping = input_columns(model, spec.task, {**(columns or {}), "text_column": text_column})
+    share = quotas.share_of(owner)
+    quotas.check_priority(share, priority)
+    quotas.check_new_job(owner, share)
     # Ingests run on the offline worker one at a time: one user queueing dozens would hold every
     # other user's upload behind them. Each user may have this many files waiting to be read.
     reading = Job.objects.filter(owner=owner, status=JobStatus.INGESTING).count()
@@ -90,6 +97,7 @@ def create_job(
             encoding=checked.encoding,
             delimiter=checked.delimiter,
             callback_url=callback_url,
+            priority=priority,
             status=JobStatus.INGESTING,
             ingest_progress_at=timezone.now(),
         )
@@ -112,9 +120,7 @@ def store_upload(job: Job, upload: IO[bytes]) -> int:
 
 
 def enqueue_ingest(job_id: int) -> None:
-    from jobs.tasks import ingest_upload  # the task module imports this one
-
-    transaction.on_commit(lambda: ingest_upload.apply_async(kwargs={"job_id": job_id}))
+    enqueue.ingest_after_commit(job_id)
 
 
 class UploadGone(Exception):
@@ -173,11 +179,19 @@ def run_ingest(job_id: int) -> None:
     JobRow.objects.filter(job=job).delete()  # what an interrupted earlier attempt wrote
     upload = StoredUpload(job.pk)
     try:
-        total = _write_rows(job, upload, limits)
+        costs = _write_rows(job, upload, limits)
+        total = sum(len(c) for c in costs)
+        quotas.check_ingested(job, total)
         now = timezone.now()
         chunks = [
-            Chunk(job=job, first_index=start, end_index=min(start + limits.chunk_rows, total), enqueued_at=now)
-            for start in range(0, total, limits.chunk_rows)
+            Chunk(
+                job=job,
+                first_index=start,
+                end_index=min(start + limits.chunk_rows, total),
+                enqueued_at=now,
+                cost_tokens=sum(costs[n]),
+            )
+            for n, start in enumerate(range(0, total, limits.chunk_rows))
         ]
         with transaction.atomic():
             Chunk.objects.bulk_create(chunks)
@@ -185,7 +199,7 @@ def run_ingest(job_id: int) -> None:
                 raise _Stop
             UploadPart.objects.filter(job=job).delete()
             job.refresh_counts()
-            enqueue(list(job.chunks.all()))
+            scheduler.refill_after_commit()
     except IngestError as error:
         JobRow.objects.filter(job=job).delete()
         job.fail(error.message)
@@ -204,7 +218,20 @@ def job_columns(job: Job) -> dict[str, str]:
     return {field: job.input_columns[field] for field in in_task_order(job.input_columns)}
 
 
-def _write_rows(job: Job, upload: StoredUpload, limits: IngestLimits) -> int:
+def price(spec: ModelSpec | None, inputs: list) -> list[int]:
+    """Tokens each input will cost the model (what the fair share charges a chunk for); an input the
+    tokenizer refuses (its row fails when run) is priced by its length, and nothing is raised here."""
+    if spec is None or not inputs:
+        return [1] * len(inputs)
+    try:
+        return token_counts(spec, inputs)
+    except ApiError:
+        return [max(1, len(str(item)) // 4) for item in inputs]
+
+
+def _write_rows(job: Job, upload: StoredUpload, limits: IngestLimits) -> list[list[int]]:
+    """Write the file's rows; each chunk's rows' prices in tokens (chunk n holds rows n * chunk_rows on)."""
+    spec = get_registry().get(job.model)
     parsed = read_rows(
         upload,
         encoding=job.encoding,
@@ -215,6 +242,17 @@ def _write_rows(job: Job, upload: StoredUpload, limits: IngestLimits) -> int:
     )
     batch: list[JobRow] = []
     total = 0
+    prices: list[int] = []
+
+    def flush() -> int:
+        runnable = [(i, r.inputs if r.inputs is not None else r.text) for i, r in enumerate(batch) if not r.error]
+        priced = price(spec, [item for _, item in runnable])
+        costs = [0] * len(batch)  # a row that failed at ingest costs the model nothing
+        for (i, _), cost in zip(runnable, priced, strict=True):
+            costs[i] = cost
+        prices.extend(costs)
+        return _flush(job, batch, total, upload)
+
     for row in parsed.rows:
         status = RowStatus.FAILED if row.error else RowStatus.PENDING
         batch.append(
@@ -229,11 +267,11 @@ def _write_rows(job: Job, upload: StoredUpload, limits: IngestLimits) -> int:
             )
         )
         if len(batch) >= limits.batch_rows:
-            total = _flush(job, batch, total, upload)
+            total = flush()
             batch = []
     if batch:
-        total = _flush(job, batch, total, upload)
-    return total
+        total = flush()
+    return [prices[start : start + limits.chunk_rows] for start in range(0, total, limits.chunk_rows)]
 
 
 def _flush(job: Job, batch: list[JobRow], total: int, upload: StoredUpload) -> int:
@@ -242,19 +280,6 @@ def _flush(job: Job, batch: list[JobRow], total: int, upload: StoredUpload) -> i
     if not job.record_ingest(total, upload.bytes_read):
         raise _Stop
     return total
-
-
-def enqueue(chunks: Iterable[Chunk]) -> None:
-    """Send chunk ids to the offline queue once the transaction that made them visible has committed."""
-    from jobs.tasks import run_chunk  # the task module imports this one
-
-    payload = [{"chunk_id": c.pk, "model": c.job.model, "rows": c.size} for c in chunks]
-
-    def send() -> None:
-        for kwargs in payload:
-            run_chunk.apply_async(kwargs=kwargs)
-
-    transaction.on_commit(send)
 
 
 def cancel(job: Job) -> bool:
@@ -266,7 +291,7 @@ def retry_failed(job: Job) -> int:
     """Re-run only the failed rows of an ended job; returns how many rows were queued again."""
     requeued, chunks = job.requeue_failed()
     if chunks:
-        enqueue(chunks)
+        scheduler.refill_after_commit()
     return requeued
 
 

@@ -13,9 +13,12 @@ from collections.abc import Iterable
 from datetime import timedelta
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import connection, models, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
+
+from jobs.signals import job_ended
 
 
 class JobStatus(models.TextChoices):
@@ -35,6 +38,14 @@ class CallbackStatus(models.TextChoices):
     FAILED = "failed"  # every attempt failed, or the destination was refused
 
 
+class Priority(models.TextChoices):
+    """A job's band in the offline scheduler (jobs/fairshare.py): higher bands are served first."""
+
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
 TERMINAL = (JobStatus.SUCCEEDED, JobStatus.PARTIAL, JobStatus.FAILED, JobStatus.CANCELLED)
 # Statuses in which a job's rows may still be written with results.
 RUNNABLE = (JobStatus.QUEUED, JobStatus.RUNNING)
@@ -45,6 +56,7 @@ class Job(models.Model):
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     model = models.CharField(max_length=100)
+    priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL, db_index=True)
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING, db_index=True)
     filename = models.CharField(max_length=255, blank=True)
     text_column = models.CharField(max_length=255, blank=True)
@@ -232,10 +244,8 @@ class Job(models.Model):
 
     def _ended(self) -> None:
         """Every move into a terminal status calls this once, in the process whose UPDATE won:
-        the one place that reacts to a job's end (its callback, jobs/callbacks.py)."""
-        from jobs.callbacks import schedule  # callbacks imports this module
-
-        schedule(self)
+        the one place that announces a job's end (jobs/signals.py says who listens)."""
+        job_ended.send(sender=Job, job=self)
 
     def requeue_failed(self) -> tuple[int, list[Chunk]]:
         """An ended job's failed rows -> PENDING, their chunks -> QUEUED, the job -> QUEUED.
@@ -257,8 +267,9 @@ class Job(models.Model):
             all_chunks = list(job.chunks.order_by("first_index"))
             starts = [c.first_index for c in all_chunks]
             chunks = [all_chunks[i] for i in sorted({bisect.bisect_right(starts, index) - 1 for index in failed})]
+            # Back to the scheduler (not sent yet): it sends them in their turn among other jobs' chunks.
             Chunk.objects.filter(pk__in=[c.pk for c in chunks]).update(
-                status=ChunkStatus.QUEUED, enqueued_at=timezone.now(), progress_at=None
+                status=ChunkStatus.QUEUED, enqueued_at=timezone.now(), progress_at=None, dispatched_at=None
             )
             # The callback record is of the end being undone: cleared, and written anew when the job ends again.
             Job.objects.filter(pk=job.pk).update(
@@ -411,15 +422,21 @@ class ChunkQuerySet(models.QuerySet):
             status=ChunkStatus.DONE, progress_at=timezone.now()
         )
 
-    def requeue(self, chunk_ids: list[int]) -> None:
-        """RUNNING -> QUEUED: the worker holding them died; claimable again at once."""
-        self.filter(pk__in=chunk_ids, status=ChunkStatus.RUNNING).update(
-            status=ChunkStatus.QUEUED, enqueued_at=timezone.now()
-        )
+    def requeue(self, chunk_ids: list[int], *, message_kept: bool) -> None:
+        """RUNNING -> QUEUED: the worker holding them died; claimable again at once.
 
-    def resend(self, chunk_ids: list[int]) -> None:
-        """QUEUED chunks whose messages are being sent again (the broker lost them)."""
-        self.filter(pk__in=chunk_ids, status=ChunkStatus.QUEUED).update(enqueued_at=timezone.now())
+        `message_kept`: their messages went back to the broker (a child lost under a live worker), so
+        they stay sent; otherwise (the reconciler found them silent) they go back to the scheduler.
+        """
+        now = timezone.now()
+        # A kept message counts as sent now: the reconciler takes back only chunks whose message is old.
+        fields = {"status": ChunkStatus.QUEUED, "enqueued_at": now, "dispatched_at": now if message_kept else None}
+        self.filter(pk__in=chunk_ids, status=ChunkStatus.RUNNING).update(**fields)
+
+    def take_back(self, chunk_ids: list[int]) -> int:
+        """QUEUED chunks sent long ago and never claimed (their message was lost) -> not sent: the scheduler
+        sends them again in their turn."""
+        return self.filter(pk__in=chunk_ids, status=ChunkStatus.QUEUED).update(dispatched_at=None)
 
 
 class Chunk(models.Model):
@@ -431,6 +448,13 @@ class Chunk(models.Model):
     status = models.CharField(max_length=10, choices=ChunkStatus.choices, default=ChunkStatus.QUEUED, db_index=True)
     attempts = models.PositiveSmallIntegerField(default=0)
     enqueued_at = models.DateTimeField(null=True, blank=True)
+    # Set when the scheduler (jobs/scheduler.py) sends the chunk's message; empty while the chunk waits in
+    # the database for its turn. Only a few chunks per offline child are sent ahead, so the broker never
+    # holds a backlog in arrival order that the fair-share policy could not reorder.
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    # What the chunk costs the model in tokens (inference/tokens.py, as online admission prices a
+    # request): the fair share charges each user for what their rows cost, not for how many there are.
+    cost_tokens = models.PositiveBigIntegerField(default=0)
     # Touched whenever a worker makes progress on the chunk; the reconciler re-enqueues chunks
     # that are queued or running with no progress for longer than JOBS_STALL_S.
     progress_at = models.DateTimeField(null=True, blank=True, db_index=True)
@@ -439,6 +463,7 @@ class Chunk(models.Model):
 
     class Meta:
         ordering = ["job", "first_index"]
+        indexes = [models.Index(fields=["status", "dispatched_at"])]
 
     def __str__(self) -> str:
         return f"rows {self.first_index}-{self.end_index - 1} of job {self.job_id}"
@@ -446,6 +471,41 @@ class Chunk(models.Model):
     @property
     def size(self) -> int:
         return self.end_index - self.first_index
+
+
+class UserShare(models.Model):
+    """A user's share of the offline workers and quotas, set by staff; a user without one gets the defaults
+    in settings (JOBS_DEFAULT_*)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="job_share")
+    weight = models.FloatField(
+        default=1.0,
+        validators=[MinValueValidator(0.01), MaxValueValidator(1000.0)],
+        help_text="share of the offline workers against other users of the same priority (default 1)",
+    )
+    max_priority = models.CharField(
+        max_length=8, choices=Priority.choices, blank=True, help_text="highest priority this user may ask for"
+    )
+    max_queued_rows = models.PositiveIntegerField(
+        null=True, blank=True, help_text="most rows waiting or running at once (empty: the default)"
+    )
+    max_unfinished_jobs = models.PositiveIntegerField(
+        null=True, blank=True, help_text="most jobs not yet ended at once (empty: the default)"
+    )
+
+    def __str__(self) -> str:
+        return f"offline share of {self.user}"
+
+
+class SchedulerState(models.Model):
+    """The fair-share policy's memory (jobs/fairshare.ShareState as JSON), one row. Its row lock also makes
+    one scheduler at a time hand out chunks, across every worker host."""
+
+    state = models.JSONField(default=dict, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return "offline scheduler state"
 
 
 class UploadPart(models.Model):

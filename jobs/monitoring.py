@@ -10,6 +10,22 @@ from typing import Any
 from observability.diagnosis import Finding, Snapshot
 
 
+def offline_rate_per_s(client=None, window_s: int = 60) -> float:
+    """Rows per second the offline workers write while they work: the last minute's rows over the seconds
+    in which any were written. A mean over the whole minute would read low after an idle spell and
+    make every ETA too long; this is what the pool does when it has work, which a waiting job will."""
+    from observability.metrics import read_seconds
+    from platform_.redis import get_redis
+
+    try:
+        seconds = read_seconds(client or get_redis(), window_s)
+    except Exception:  # an ETA is a courtesy: no Redis, no ETA
+        return 0.0
+    rows = [sum(v for k, v in second.items() if k.startswith("orows|")) for second in seconds]
+    busy = [r for r in rows if r > 0]
+    return sum(busy) / len(busy) if busy else 0.0
+
+
 def gauges(client) -> dict[str, float]:
     """Offline chunks queued and running."""
     from jobs.models import Chunk, ChunkStatus

@@ -15,7 +15,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from jobs import callbacks, lifecycle
+from jobs import callbacks, lifecycle, scheduler
 from jobs.models import TERMINAL, Chunk, ChunkStatus, Job, JobStatus, UploadPart
 
 logger = logging.getLogger(__name__)
@@ -32,27 +32,28 @@ def reconcile(stall_s: float | None = None) -> dict[str, int]:
     counts = {"running_requeued": 0, "queued_requeued": 0, "ingests_requeued": 0, "ingests_failed": 0}
     counts["jobs_finished"] = 0
 
-    # A running chunk whose worker went silent: its child died or its message was lost mid-run.
-    silent = list(Chunk.objects.filter(status=ChunkStatus.RUNNING, progress_at__lt=stale).select_related("job"))
-    Chunk.objects.requeue([c.pk for c in silent])
+    # A running chunk whose worker went silent: its child died or its message was lost mid-run. It goes
+    # back to the scheduler, which sends it again in its turn.
+    silent = list(Chunk.objects.filter(status=ChunkStatus.RUNNING, progress_at__lt=stale).values_list("pk", flat=True))
+    Chunk.objects.requeue(silent, message_kept=False)
     counts["running_requeued"] = len(silent)
 
-    # Queued chunks wait legitimately while the workers make progress elsewhere; when nothing has
-    # progressed for stall_s, their messages are gone (or no worker runs), so send them again,
-    # at most once per stall_s each.
+    # Sent chunks are claimed within a few chunks' time (only JOBS_PREFETCH_CHUNKS per child are sent
+    # ahead): one sent stall_s ago and still unclaimed lost its message (a Redis restart, a worker
+    # frozen with it prefetched). Taken back, it is sent again; a late original is then a duplicate
+    # that its claim makes harmless.
+    lost = list(
+        Chunk.objects.filter(status=ChunkStatus.QUEUED, dispatched_at__lt=stale).values_list("pk", flat=True)
+    )
+    counts["queued_requeued"] = Chunk.objects.take_back(lost)
+    counts["chunks_sent"] = scheduler.refill()
+
     flowing = (
         Chunk.objects.filter(progress_at__gte=stale).exists()
         or Job.objects.filter(
             status=JobStatus.INGESTING, ingest_claimed_at__isnull=False, ingest_progress_at__gte=stale
         ).exists()
     )
-    waiting: list[Chunk] = []
-    if not flowing:
-        waiting = list(Chunk.objects.filter(status=ChunkStatus.QUEUED, enqueued_at__lt=stale).select_related("job"))
-        Chunk.objects.resend([c.pk for c in waiting])
-    counts["queued_requeued"] = len(waiting)
-    lifecycle.enqueue(silent + waiting)
-
     requeued, failed = _reconcile_ingests(stale, flowing)
     counts["ingests_requeued"], counts["ingests_failed"] = requeued, failed
 

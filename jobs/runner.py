@@ -21,7 +21,7 @@ from inference.batching import group_by
 from inference.registry import ModelSpec, get_registry
 from inference.task_io import input_fields, takes_text
 from inference.tokens import qa_tokens
-from jobs import lifecycle
+from jobs import lifecycle, scheduler
 from jobs.ingest import inputs_error, row_error
 from jobs.keys import OFFLINE_YIELD_FIELD, offline_inference_field, offline_rows_field
 from jobs.models import RUNNABLE, Chunk, Job, JobRow, RowStatus
@@ -177,6 +177,9 @@ def _model_error(spec: ModelSpec, inputs: dict[str, str]) -> str:
 
 def _run_model(model: str, chunk_ids: list[int]) -> None:
     chunks = claim(chunk_ids, settings.JOBS_STALL_S)
+    # The claimed chunks left the broker: their places go to whatever the fair share picks next, which
+    # waits while this batch runs (so the child never idles between batches).
+    scheduler.refill_quietly()
     if not chunks:
         return
     Job.start(c.job_id for c in chunks)
@@ -223,4 +226,4 @@ def _run_model(model: str, chunk_ids: list[int]) -> None:
 
 def requeue_lost(chunk_ids: list[int]) -> None:
     """A child died holding these chunks: make them claimable at once (their messages are requeued)."""
-    Chunk.objects.requeue(chunk_ids)
+    Chunk.objects.requeue(chunk_ids, message_kept=True)

@@ -10,11 +10,10 @@ from typing import Any
 from celery import signals
 from django import db
 from django.conf import settings
-from kombu import Exchange, Queue
 
 from inference import worker_process
 from inference.batching import AdaptiveBatches
-from jobs import callbacks, retention
+from jobs import callbacks, enqueue, retention
 from jobs.keys import RECONCILER
 from jobs.lifecycle import run_ingest
 from jobs.reconcile import reconcile
@@ -58,14 +57,12 @@ def ingest_upload(job_id: int) -> None:
         run_ingest(job_id)
 
 
-# Job callbacks travel on a queue of their own, which the offline worker consumes beside `offline`.
+# Job callbacks travel on a queue of their own (jobs.enqueue.CALLBACK_QUEUE), which the offline worker consumes beside `offline`.
 # `offline` is one FIFO list, and the worker takes a message from it only when a batch's chunks are
 # acknowledged (its prefetch is full of chunks): a callback there waits behind every chunk queued
 # before it, hours behind a large backlog (tests/jobs/test_callbacks.py: routed to `offline`, a
 # callback arrived only after another job's 5,000 queued rows had run). On its own list it is taken
 # at the worker's next free prefetch slot, and handed to a thread once the child finishes its batch in progress.
-# Its own exchange, for the reason platform_/celery.py gives.
-CALLBACK_QUEUE = Queue("callbacks", Exchange("callbacks", type="direct"), routing_key="callbacks")
 
 
 # Not acks_late: an attempt lost with its worker is sent again by the reconciler once overdue
@@ -93,20 +90,11 @@ def _deliver(job_id: int, ended_at: str, attempt: int) -> None:
     try:
         retry_in_s = callbacks.attempt(job_id, ended_at, attempt)
         if retry_in_s is not None:
-            send_callback(job_id, ended_at, attempt + 1, countdown_s=retry_in_s)
+            enqueue.callback_attempt(job_id, ended_at, attempt + 1, countdown_s=retry_in_s)
     except Exception:  # the reconciler sends a lost attempt again
         logger.exception("job %s: callback attempt %d failed unexpectedly", job_id, attempt)
     finally:
         db.connection.close()  # this thread's own connection
-
-
-def send_callback(job_id: int, ended_at: str, attempt: int, countdown_s: float = 0.0) -> None:
-    """Queue delivery attempt `attempt` of the callback for this end of the job."""
-    deliver_callback.apply_async(
-        kwargs={"job_id": job_id, "ended_at": ended_at, "attempt": attempt},
-        queue=CALLBACK_QUEUE,
-        countdown=countdown_s or None,
-    )
 
 
 _reconciler: Periodic | None = None
@@ -122,7 +110,7 @@ def _lower_priority(**_: Any) -> None:
 @signals.celeryd_after_setup.connect  # before the consumer starts; inference/queues.py keeps named queues
 def _consume_callbacks(instance: Any, **_: Any) -> None:
     if worker_role() == "offline":
-        instance.app.amqp.queues.select_add(CALLBACK_QUEUE)
+        instance.app.amqp.queues.select_add(enqueue.CALLBACK_QUEUE)
 
 
 @signals.worker_ready.connect

@@ -98,8 +98,9 @@ def job_list(request: HttpRequest) -> HttpResponse:
         try:
             job = create_from_upload(request.user, form.cleaned_data, form.cleaned_data["file"])
         except IngestError as error:
-            # The field to blame (a column, the model), or the file itself.
-            form.add_error(error.field if error.field in form.fields else "file", error.message)
+            # The field to blame (a column, the model), the form as a whole for a quota, or the file itself.
+            field = error.field if error.field in form.fields else None if error.field == "quota" else "file"
+            form.add_error(field, error.message)
             status = error.status
         else:
             messages.success(request, f"Job {job.pk} created: the file is being read, then its rows are classified.")

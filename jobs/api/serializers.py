@@ -8,7 +8,8 @@ from rest_framework.reverse import reverse
 
 from inference.registry import get_registry
 from jobs.callbacks import CallbackRefused, check_destination
-from jobs.models import CallbackSecret, Job, JobRow
+from jobs.models import CallbackSecret, Job, JobRow, Priority
+from jobs.scheduler import Standing, standing_of
 
 
 class JobSerializer(serializers.ModelSerializer):
@@ -19,7 +20,21 @@ class JobSerializer(serializers.ModelSerializer):
     ingest_progress = serializers.FloatField(
         read_only=True, help_text="fraction of the upload read into rows; 1.0 once the job is past `ingesting`"
     )
-    eta_s = serializers.FloatField(read_only=True, allow_null=True)
+    eta_s = serializers.SerializerMethodField(
+        help_text="seconds until the job ends, from the offline workers' measured rate and the job's place in the "
+        "fair share (the work handed out before its last rows); null when unknown"
+    )
+    chunks_ahead = serializers.SerializerMethodField(
+        help_text="other jobs' chunks to be run before this job's next one under the current shares; null when "
+        "the job is not waiting or its place is too far to compute"
+    )
+    rows_ahead = serializers.SerializerMethodField(
+        help_text="other jobs' rows to be run before this job's last chunk; null when unknown"
+    )
+    waiting_reason = serializers.SerializerMethodField(
+        help_text='why the job does not have every offline worker, e.g. "waiting: 3 jobs of higher priority"; '
+        "empty when nothing else competes"
+    )
     links = serializers.SerializerMethodField()
     callback_url = serializers.CharField(
         read_only=True, help_text="where the job's summary is POSTed when it ends; empty: none"
@@ -32,14 +47,36 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = [
-            "id", "owner", "model", "status", "filename", "text_column", "input_columns", "id_column", "encoding",
+            "id", "owner", "model", "priority", "status", "filename", "text_column", "input_columns", "id_column", "encoding",
             "delimiter",
             "upload_bytes", "ingested_rows", "ingest_progress",
             "total_rows", "done_rows", "failed_rows", "progress", "rows_per_s", "eta_s",
+            "chunks_ahead", "rows_ahead", "waiting_reason",
             "created_at", "started_at", "finished_at", "error",
             "callback_url", "callback_status", "callback_attempts", "callback_last_status", "links",
         ]  # fmt: skip
         read_only_fields = fields
+
+    def _standing(self, job: Job) -> Standing | None:
+        return standing_of(job)
+
+    def get_eta_s(self, job: Job) -> float | None:
+        standing = self._standing(job)
+        if standing is None:
+            return 0.0 if job.is_terminal else None
+        return None if standing.eta_s is None else round(standing.eta_s, 1)
+
+    def get_chunks_ahead(self, job: Job) -> int | None:
+        standing = self._standing(job)
+        return standing.chunks_ahead if standing else None
+
+    def get_rows_ahead(self, job: Job) -> int | None:
+        standing = self._standing(job)
+        return standing.rows_ahead if standing else None
+
+    def get_waiting_reason(self, job: Job) -> str:
+        standing = self._standing(job)
+        return standing.waiting_reason if standing else ""
 
     def get_links(self, job: Job) -> dict[str, str]:
         request = self.context.get("request")
@@ -89,6 +126,12 @@ class JobCreateSerializer(serializers.Serializer):
         choices=["comma", "semicolon", "tab"], required=False, help_text="default: detected from the header"
     )
 
+    priority = serializers.ChoiceField(
+        choices=Priority.choices,
+        default=Priority.NORMAL,
+        help_text="high, normal or low: higher bands are served first, and a lower band keeps a small share; "
+        "at most your highest allowed priority (normal unless staff raised it)",
+    )
     callback_url = serializers.URLField(
         required=False,
         allow_blank=True,

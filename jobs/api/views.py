@@ -20,12 +20,21 @@ from jobs import export, lifecycle
 from jobs.api.serializers import JobCreateSerializer, JobSerializer, RowSerializer
 from jobs.api.throttles import JobCreateThrottle, ResultsThrottle
 from jobs.ingest import COLUMN_FIELDS, IngestError
-from jobs.models import Job
+from jobs.quotas import QuotaExceeded
+from jobs.models import Job, Priority
 
 
 class PayloadTooLarge(exceptions.APIException):
     status_code = 413
     default_code = "payload_too_large"
+
+
+class QuotaRefused(exceptions.APIException):
+    """A user's quota (jobs/quotas.py) would be passed: 429 without Retry-After (it depends on the user's
+    own jobs ending, which the message says)."""
+
+    status_code = 429
+    default_code = "quota_exceeded"
 
 
 class Conflict(exceptions.APIException):
@@ -69,6 +78,7 @@ def create_from_upload(user, data: dict, upload) -> Job:
         encoding=data.get("encoding") or "utf-8",
         delimiter=delimiter,
         callback_url=data.get("callback_url") or "",
+        priority=data.get("priority") or Priority.NORMAL,
     )
 
 
@@ -106,6 +116,8 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         except IngestError as error:
             if error.status == 413:
                 raise PayloadTooLarge(error.message) from None
+            if isinstance(error, QuotaExceeded):
+                raise QuotaRefused(error.message, error.code) from None
             if error.status == 429:
                 raise exceptions.Throttled(detail=error.message) from None
             raise exceptions.ValidationError({error.field: [error.message]}) from None

@@ -276,8 +276,29 @@ JOBS_MAX_ROWS = env.int("JOBS_MAX_ROWS", default=1_000_000)
 JOBS_MAX_TEXT_CHARS = env.int("JOBS_MAX_TEXT_CHARS", default=20_000)
 # JOBS_INGEST_BATCH_ROWS: rows inserted per bulk insert while a CSV is read.
 JOBS_INGEST_BATCH_ROWS = env.int("JOBS_INGEST_BATCH_ROWS", default=2_000)
-# JOBS_CHUNK_ROWS: rows per work unit (one message on the offline queue).
-JOBS_CHUNK_ROWS = env.int("JOBS_CHUNK_ROWS", default=256)
+# JOBS_CHUNK_ROWS: rows per work unit (one message on the offline queue, and one pick of the fair-share
+# scheduler). Smaller chunks let a newly arrived job start sooner beside a big one (it waits for the
+# chunks already sent, about JOBS_PREFETCH_CHUNKS + 1 of them); larger ones sort more texts by length.
+JOBS_CHUNK_ROWS = env.int("JOBS_CHUNK_ROWS", default=128)
+# JOBS_PREFETCH_CHUNKS: chunks sent to the broker ahead of each live offline child; the rest wait in the
+# database, where the fair-share scheduler can still reorder them (jobs/scheduler.py).
+JOBS_PREFETCH_CHUNKS = env.int("JOBS_PREFETCH_CHUNKS", default=1)
+# JOBS_PRIORITY_WEIGHTS: each priority band's weight against the others (jobs/fairshare.py): with 400/20/1 a
+# busy higher band takes ~95% of the offline workers and a lower band keeps ~5%, so nothing starves.
+JOBS_PRIORITY_WEIGHTS = env.dict(
+    "JOBS_PRIORITY_WEIGHTS", cast={"value": float}, default={"high": 400.0, "normal": 20.0, "low": 1.0}
+)
+# JOBS_DEFAULT_WEIGHT: a user's share of the offline workers against other users of the same band, unless
+# staff set one (admin: user shares).
+JOBS_DEFAULT_WEIGHT = env.float("JOBS_DEFAULT_WEIGHT", default=1.0)
+# JOBS_DEFAULT_MAX_PRIORITY: the highest priority a user may give a job, unless staff set one (high,
+# normal or low).
+JOBS_DEFAULT_MAX_PRIORITY = env.str("JOBS_DEFAULT_MAX_PRIORITY", default="normal")
+# JOBS_MAX_QUEUED_ROWS_PER_USER: most rows one user may have waiting or running at once (over it, a new
+# job is refused with 429; a file that would take the user past it fails at ingest); staff may override.
+JOBS_MAX_QUEUED_ROWS_PER_USER = env.int("JOBS_MAX_QUEUED_ROWS_PER_USER", default=2_000_000)
+# JOBS_MAX_UNFINISHED_JOBS_PER_USER: most jobs one user may have not yet ended (429 above); staff may override.
+JOBS_MAX_UNFINISHED_JOBS_PER_USER = env.int("JOBS_MAX_UNFINISHED_JOBS_PER_USER", default=20)
 # JOBS_DISPATCH_ROWS: most rows one offline batch (several chunks, across jobs) may hold.
 JOBS_DISPATCH_ROWS = env.int("JOBS_DISPATCH_ROWS", default=1_024)
 # JOBS_STALL_S: a chunk queued or running with no progress this long is re-enqueued by the reconciler.

@@ -356,7 +356,7 @@ def test_a_job_end_sends_one_callback_and_only_the_winning_transition_does(
     db, monkeypatch, django_capture_on_commit_callbacks
 ):
     sent = []
-    monkeypatch.setattr("jobs.tasks.send_callback", lambda *args, **kwargs: sent.append((*args, kwargs)))
+    monkeypatch.setattr("jobs.enqueue.callback_attempt", lambda *args, **kwargs: sent.append((*args, kwargs)))
     job = job_with_rows(user("ender"), status=JobStatus.RUNNING)
     Job.objects.filter(pk=job.pk).update(callback_url="https://hooks.example.com/x")
     job.refresh_from_db()
@@ -371,7 +371,7 @@ def test_a_job_end_sends_one_callback_and_only_the_winning_transition_does(
 
 def test_a_job_without_callback_url_sends_nothing(db, monkeypatch, django_capture_on_commit_callbacks):
     sent = []
-    monkeypatch.setattr("jobs.tasks.send_callback", lambda *args, **kwargs: sent.append(args))
+    monkeypatch.setattr("jobs.enqueue.callback_attempt", lambda *args, **kwargs: sent.append(args))
     job = job_with_rows(user("quiet"), status=JobStatus.RUNNING)
     with django_capture_on_commit_callbacks(execute=True):
         assert job.fail("the file is unusable")
@@ -381,7 +381,7 @@ def test_a_job_without_callback_url_sends_nothing(db, monkeypatch, django_captur
 
 def test_the_reconciler_resends_a_lost_attempt_once_it_is_overdue(ended_job, monkeypatch, settings):
     sent = []
-    monkeypatch.setattr("jobs.tasks.send_callback", lambda *args: sent.append(args))
+    monkeypatch.setattr("jobs.enqueue.callback_attempt", lambda *args: sent.append(args))
     settings.JOBS_CALLBACK_TIMEOUT_S, settings.JOBS_CALLBACK_BACKOFF_S = 10.0, 30.0
     now = timezone.now()
     never_sent = ended_job("https://hooks.example.com/a")  # died between the job's end and the send

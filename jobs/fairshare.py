@@ -1,0 +1,227 @@
+"""Who runs next offline: the offline workers shared fairly between priorities, users and jobs.
+
+A pure policy, with no database and no broker (jobs/scheduler.py is its adapter), as
+`inference/dispatch.py` is for online work. Each pick hands out one chunk, chosen by start-time fair
+queuing (SFQ, Goyal et al.) at three levels, each charged the chunk's cost in tokens (the pricing
+online admission uses, so a user's long texts count for what they cost the model):
+
+1. Priority bands share by band weight: with the defaults (high 400, normal 20, low 1) a higher band
+   takes about 95% of the picks while it has work, and a lower band still gets about 5%: no band
+   starves, and none waits on an ageing clock that an operator would have to tune.
+2. Within a band, users share by their weight (set by staff, default 1), as Slurm's fair share and
+   Kueue's weighted sharing do.
+3. Within a user and band, the user's jobs share equally (round robin over cost). Chosen over
+   "smallest remaining first", which would finish a small job sooner but lets a stream of small jobs
+   hold a user's big job forever; round robin gives a new 20-row job half of its owner's share at the
+   next pick, which finishes it within one chunk's time, and starves nothing.
+
+SFQ keeps no credit for idleness: a flow that becomes busy starts at the level's virtual time, so a
+user who submits after an hour away gets a fair share at once, not an hour of catching up, and a
+user who ran alone for an hour is not punished for it. The policy is work-conserving: while any
+chunk waits, a pick returns one, so a lone job gets every offline worker.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# Bands from the highest; a job's priority is one of these.
+BANDS = ("high", "normal", "low")
+DEFAULT_BAND_WEIGHTS: dict[str, float] = {"high": 400.0, "normal": 20.0, "low": 1.0}
+
+
+def band_rank(band: str) -> int:
+    """0 for the highest band: smaller is served first on ties."""
+    return BANDS.index(band)
+
+
+@dataclass
+class JobQueue:
+    """A job's chunks not yet handed out, as the policy sees them: how many, and what each costs on average."""
+
+    job_id: int
+    owner: Hashable
+    band: str
+    weight: float  # the owner's
+    chunks: int
+    cost_per_chunk: float  # tokens
+    rows_per_chunk: float = 1.0
+
+    @property
+    def user_key(self) -> str:
+        return str(self.owner)
+
+
+@dataclass
+class Pick:
+    job_id: int
+    owner: Hashable
+    band: str
+    cost: float
+
+
+@dataclass
+class Sfq:
+    """Start-time fair queuing over flows: the busy flow with the smallest start tag goes next."""
+
+    virtual: float = 0.0
+    finish: dict[str, float] = field(default_factory=dict)
+
+    def start_of(self, key: str) -> float:
+        return max(self.finish.get(key, self.virtual), self.virtual)
+
+    def choose(self, weights: Mapping[str, float], order: Mapping[str, Any]) -> str:
+        """The busy flow to serve: smallest start tag, ties to the smallest `order` (then key)."""
+        return min(weights, key=lambda k: (self.start_of(k), order.get(k, 0), k))
+
+    def charge(self, key: str, cost: float, weight: float) -> None:
+        start = self.start_of(key)
+        self.finish[key] = start + cost / max(weight, 1e-9)
+        self.virtual = start  # SFQ: the virtual time is the start tag of the work in service
+
+    def prune(self, busy: Iterable[str]) -> None:
+        """Forget idle flows that owe nothing (their tag is behind the virtual time): keeps the state small."""
+        keep = set(busy)
+        self.finish = {k: f for k, f in self.finish.items() if k in keep or f > self.virtual}
+
+    def as_json(self) -> dict[str, Any]:
+        return {"v": self.virtual, "f": self.finish}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> Sfq:
+        data = data or {}
+        return cls(float(data.get("v", 0.0)), {str(k): float(v) for k, v in (data.get("f") or {}).items()})
+
+
+@dataclass
+class ShareState:
+    """The policy's memory between picks: one SFQ for bands, one per band for users, one per user and band for jobs."""
+
+    bands: Sfq = field(default_factory=Sfq)
+    users: dict[str, Sfq] = field(default_factory=dict)
+    jobs: dict[str, Sfq] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "bands": self.bands.as_json(),
+            "users": {k: v.as_json() for k, v in self.users.items()},
+            "jobs": {k: v.as_json() for k, v in self.jobs.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> ShareState:
+        data = data or {}
+        return cls(
+            Sfq.from_json(data.get("bands")),
+            {k: Sfq.from_json(v) for k, v in (data.get("users") or {}).items()},
+            {k: Sfq.from_json(v) for k, v in (data.get("jobs") or {}).items()},
+        )
+
+
+def pick(
+    state: ShareState,
+    queues: list[JobQueue],
+    count: int,
+    band_weights: Mapping[str, float] = DEFAULT_BAND_WEIGHTS,
+) -> list[Pick]:
+    """Hand out up to `count` chunks, one at a time; updates `state` and the queues' `chunks` left.
+
+    Returns fewer only when every queue is empty (work-conserving).
+    """
+    picks: list[Pick] = []
+    busy = [q for q in queues if q.chunks > 0]
+    while len(picks) < count and busy:
+        chosen = _choose(state, busy, band_weights)
+        cost = max(chosen.cost_per_chunk, 1.0)
+        _charge(state, chosen, cost, band_weights)
+        chosen.chunks -= 1
+        picks.append(Pick(chosen.job_id, chosen.owner, chosen.band, cost))
+        if chosen.chunks == 0:
+            busy.remove(chosen)
+    _prune(state, busy)
+    return picks
+
+
+def _choose(state: ShareState, busy: list[JobQueue], band_weights: Mapping[str, float]) -> JobQueue:
+    bands = {q.band for q in busy}
+    band = state.bands.choose({b: band_weights.get(b, 1.0) for b in bands}, {b: band_rank(b) for b in bands})
+    in_band = [q for q in busy if q.band == band]
+    users = state.users.setdefault(band, Sfq())
+    # Ties between users go to the one whose oldest waiting job is oldest (smallest id).
+    user_order: dict[str, int] = {}
+    for q in in_band:
+        user_order[q.user_key] = min(user_order.get(q.user_key, q.job_id), q.job_id)
+    user = users.choose({q.user_key: q.weight for q in in_band}, user_order)
+    mine = [q for q in in_band if q.user_key == user]
+    jobs = state.jobs.setdefault(f"{band}/{user}", Sfq())
+    job_key = jobs.choose({str(q.job_id): 1.0 for q in mine}, {str(q.job_id): q.job_id for q in mine})
+    return next(q for q in mine if str(q.job_id) == job_key)
+
+
+def _charge(state: ShareState, queue: JobQueue, cost: float, band_weights: Mapping[str, float]) -> None:
+    state.bands.charge(queue.band, cost, band_weights.get(queue.band, 1.0))
+    state.users.setdefault(queue.band, Sfq()).charge(queue.user_key, cost, queue.weight)
+    state.jobs.setdefault(f"{queue.band}/{queue.user_key}", Sfq()).charge(str(queue.job_id), cost, 1.0)
+
+
+def _prune(state: ShareState, busy: list[JobQueue]) -> None:
+    state.bands.prune(q.band for q in busy)
+    for band, users in list(state.users.items()):
+        users.prune(q.user_key for q in busy if q.band == band)
+        if not users.finish:
+            del state.users[band]
+    for key, jobs in list(state.jobs.items()):
+        jobs.prune(str(q.job_id) for q in busy if f"{q.band}/{q.user_key}" == key)
+        if not jobs.finish:
+            del state.jobs[key]
+
+
+@dataclass
+class Forecast:
+    """Where a job stands in the offline backlog if nothing new arrives and the shares hold."""
+
+    job_id: int
+    chunks_ahead: int  # other jobs' chunks handed out before this job's first waiting one
+    rows_ahead: float  # other jobs' rows handed out before this job's last chunk
+    rows_to_finish: float  # rows handed out (its own and others') until its last chunk is
+
+
+def forecast(
+    state: ShareState,
+    queues: list[JobQueue],
+    band_weights: Mapping[str, float] = DEFAULT_BAND_WEIGHTS,
+    max_picks: int = 50_000,
+) -> dict[int, Forecast]:
+    """Simulate the picks on a copy of the state until every queue is empty (or `max_picks`).
+
+    Jobs still waiting after `max_picks` are absent from the answer (their position is unknown: too far).
+    """
+    state = copy.deepcopy(state)
+    queues = [copy.copy(q) for q in queues if q.chunks > 0]
+    busy = list(queues)
+    handed_rows = 0.0
+    handed_chunks = 0
+    own_rows: dict[int, float] = {q.job_id: 0.0 for q in queues}
+    first_at: dict[int, int] = {}
+    out: dict[int, Forecast] = {}
+    while busy and handed_chunks < max_picks:
+        chosen = _choose(state, busy, band_weights)
+        _charge(state, chosen, max(chosen.cost_per_chunk, 1.0), band_weights)
+        first_at.setdefault(chosen.job_id, handed_chunks)
+        chosen.chunks -= 1
+        handed_chunks += 1
+        handed_rows += chosen.rows_per_chunk
+        own_rows[chosen.job_id] += chosen.rows_per_chunk
+        if chosen.chunks == 0:
+            busy.remove(chosen)
+            out[chosen.job_id] = Forecast(
+                chosen.job_id,
+                chunks_ahead=first_at[chosen.job_id],
+                rows_ahead=handed_rows - own_rows[chosen.job_id],
+                rows_to_finish=handed_rows,
+            )
+    return out
+
