@@ -224,4 +224,3 @@ def forecast(
                 rows_to_finish=handed_rows,
             )
     return out
-

@@ -21,7 +21,7 @@ from inference.task_io import takes_text
 from inference.tokens import token_counts
 from jobs import enqueue, quotas, scheduler
 from jobs.ingest import IngestError, IngestLimits, in_task_order, input_columns, preflight, read_rows
-from jobs.models import Chunk, ChunkStatus, Job, JobRow, JobStatus, Priority, RowStatus, UploadPart
+from jobs.models import Chunk, Job, JobRow, JobStatus, Priority, RowStatus, UploadPart
 from platform_.errors import ApiError
 
 logger = logging.getLogger(__name__)

@@ -42,9 +42,7 @@ def reconcile(stall_s: float | None = None) -> dict[str, int]:
     # ahead): one sent stall_s ago and still unclaimed lost its message (a Redis restart, a worker
     # frozen with it prefetched). Taken back, it is sent again; a late original is then a duplicate
     # that its claim makes harmless.
-    lost = list(
-        Chunk.objects.filter(status=ChunkStatus.QUEUED, dispatched_at__lt=stale).values_list("pk", flat=True)
-    )
+    lost = list(Chunk.objects.filter(status=ChunkStatus.QUEUED, dispatched_at__lt=stale).values_list("pk", flat=True))
     counts["queued_requeued"] = Chunk.objects.take_back(lost)
     counts["chunks_sent"] = scheduler.refill()
 

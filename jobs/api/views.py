@@ -20,8 +20,8 @@ from jobs import export, lifecycle
 from jobs.api.serializers import JobCreateSerializer, JobSerializer, RowSerializer
 from jobs.api.throttles import JobCreateThrottle, ResultsThrottle
 from jobs.ingest import COLUMN_FIELDS, IngestError
-from jobs.quotas import QuotaExceeded
 from jobs.models import Job, Priority
+from jobs.quotas import QuotaExceeded
 
 
 class PayloadTooLarge(exceptions.APIException):

@@ -7,54 +7,88 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('jobs', '0003_task_inputs_callbacks'),
+        ("jobs", "0003_task_inputs_callbacks"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='SchedulerState',
+            name="SchedulerState",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('state', models.JSONField(blank=True, default=dict)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("state", models.JSONField(blank=True, default=dict)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
         ),
         migrations.CreateModel(
-            name='UserShare',
+            name="UserShare",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('weight', models.FloatField(default=1.0, help_text='share of the offline workers against other users of the same priority (default 1)', validators=[django.core.validators.MinValueValidator(0.01), django.core.validators.MaxValueValidator(1000.0)])),
-                ('max_priority', models.CharField(blank=True, choices=[('high', 'High'), ('normal', 'Normal'), ('low', 'Low')], help_text='highest priority this user may ask for', max_length=8)),
-                ('max_queued_rows', models.PositiveIntegerField(blank=True, help_text='most rows waiting or running at once (empty: the default)', null=True)),
-                ('max_unfinished_jobs', models.PositiveIntegerField(blank=True, help_text='most jobs not yet ended at once (empty: the default)', null=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "weight",
+                    models.FloatField(
+                        default=1.0,
+                        help_text="share of the offline workers against other users of the same priority (default 1)",
+                        validators=[
+                            django.core.validators.MinValueValidator(0.01),
+                            django.core.validators.MaxValueValidator(1000.0),
+                        ],
+                    ),
+                ),
+                (
+                    "max_priority",
+                    models.CharField(
+                        blank=True,
+                        choices=[("high", "High"), ("normal", "Normal"), ("low", "Low")],
+                        help_text="highest priority this user may ask for",
+                        max_length=8,
+                    ),
+                ),
+                (
+                    "max_queued_rows",
+                    models.PositiveIntegerField(
+                        blank=True, help_text="most rows waiting or running at once (empty: the default)", null=True
+                    ),
+                ),
+                (
+                    "max_unfinished_jobs",
+                    models.PositiveIntegerField(
+                        blank=True, help_text="most jobs not yet ended at once (empty: the default)", null=True
+                    ),
+                ),
             ],
         ),
         migrations.AddField(
-            model_name='chunk',
-            name='cost_tokens',
+            model_name="chunk",
+            name="cost_tokens",
             field=models.PositiveBigIntegerField(default=0),
         ),
         migrations.AddField(
-            model_name='chunk',
-            name='dispatched_at',
+            model_name="chunk",
+            name="dispatched_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='job',
-            name='priority',
-            field=models.CharField(choices=[('high', 'High'), ('normal', 'Normal'), ('low', 'Low')], db_index=True, default='normal', max_length=8),
+            model_name="job",
+            name="priority",
+            field=models.CharField(
+                choices=[("high", "High"), ("normal", "Normal"), ("low", "Low")],
+                db_index=True,
+                default="normal",
+                max_length=8,
+            ),
         ),
         migrations.AddIndex(
-            model_name='chunk',
-            index=models.Index(fields=['status', 'dispatched_at'], name='jobs_chunk_status_537380_idx'),
+            model_name="chunk",
+            index=models.Index(fields=["status", "dispatched_at"], name="jobs_chunk_status_537380_idx"),
         ),
         migrations.AddField(
-            model_name='usershare',
-            name='user',
-            field=models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, related_name='job_share', to=settings.AUTH_USER_MODEL),
+            model_name="usershare",
+            name="user",
+            field=models.OneToOneField(
+                on_delete=django.db.models.deletion.CASCADE, related_name="job_share", to=settings.AUTH_USER_MODEL
+            ),
         ),
     ]
 
