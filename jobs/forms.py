@@ -41,6 +41,7 @@ class UploadForm(forms.Form):
         choices=[("", "detect from the file"), ("comma", "comma ,"), ("semicolon", "semicolon ;"), ("tab", "tab")],
     )
     priority = forms.ChoiceField(
+        required=False,  # left out: normal, as on the API
         choices=Priority.choices,
         initial=Priority.NORMAL,
         help_text="higher is served first; a lower priority still advances (normal unless staff raised your limit)",
