@@ -132,33 +132,57 @@ def pick(
     Returns fewer only when every queue is empty (work-conserving).
     """
     picks: list[Pick] = []
-    busy = [q for q in queues if q.chunks > 0]
+    busy = _Busy(queues)
     while len(picks) < count and busy:
-        chosen = _choose(state, busy, band_weights)
+        chosen = busy.choose(state, band_weights)
         cost = max(chosen.cost_per_chunk, 1.0)
         _charge(state, chosen, cost, band_weights)
-        chosen.chunks -= 1
+        busy.take(chosen, 1)
         picks.append(Pick(chosen.job_id, chosen.owner, chosen.band, cost))
-        if chosen.chunks == 0:
-            busy.remove(chosen)
-    _prune(state, busy)
+    _prune(state, busy.queues())
     return picks
 
 
-def _choose(state: ShareState, busy: list[JobQueue], band_weights: Mapping[str, float]) -> JobQueue:
-    bands = {q.band for q in busy}
-    band = state.bands.choose({b: band_weights.get(b, 1.0) for b in bands}, {b: band_rank(b) for b in bands})
-    in_band = [q for q in busy if q.band == band]
-    users = state.users.setdefault(band, Sfq())
-    # Ties between users go to the one whose oldest waiting job is oldest (smallest id).
-    user_order: dict[str, int] = {}
-    for q in in_band:
-        user_order[q.user_key] = min(user_order.get(q.user_key, q.job_id), q.job_id)
-    user = users.choose({q.user_key: q.weight for q in in_band}, user_order)
-    mine = [q for q in in_band if q.user_key == user]
-    jobs = state.jobs.setdefault(f"{band}/{user}", Sfq())
-    job_key = jobs.choose({str(q.job_id): 1.0 for q in mine}, {str(q.job_id): q.job_id for q in mine})
-    return next(q for q in mine if str(q.job_id) == job_key)
+class _Busy:
+    """The queues with chunks left, as band -> user -> job, so that a pick looks only at the flows it chooses between."""
+
+    def __init__(self, queues: Iterable[JobQueue]) -> None:
+        self.tree: dict[str, dict[str, dict[str, JobQueue]]] = {}
+        for q in queues:
+            if q.chunks > 0:
+                self.tree.setdefault(q.band, {}).setdefault(q.user_key, {})[str(q.job_id)] = q
+
+    def __bool__(self) -> bool:
+        return bool(self.tree)
+
+    def queues(self) -> list[JobQueue]:
+        return [q for users in self.tree.values() for jobs in users.values() for q in jobs.values()]
+
+    def choose(self, state: ShareState, band_weights: Mapping[str, float]) -> JobQueue:
+        band = state.bands.choose(
+            {b: band_weights.get(b, 1.0) for b in self.tree}, {b: band_rank(b) for b in self.tree}
+        )
+        users = self.tree[band]
+        # Ties between users go to the one whose oldest waiting job is oldest (smallest id).
+        user = state.users.setdefault(band, Sfq()).choose(
+            {u: next(iter(jobs.values())).weight for u, jobs in users.items()},
+            {u: min(q.job_id for q in jobs.values()) for u, jobs in users.items()},
+        )
+        jobs = users[user]
+        job_key = state.jobs.setdefault(f"{band}/{user}", Sfq()).choose(
+            dict.fromkeys(jobs, 1.0), {k: q.job_id for k, q in jobs.items()}
+        )
+        return jobs[job_key]
+
+    def take(self, queue: JobQueue, chunks: int) -> None:
+        queue.chunks -= chunks
+        if queue.chunks <= 0:
+            users = self.tree[queue.band]
+            del users[queue.user_key][str(queue.job_id)]
+            if not users[queue.user_key]:
+                del users[queue.user_key]
+                if not users:
+                    del self.tree[queue.band]
 
 
 def _charge(state: ShareState, queue: JobQueue, cost: float, band_weights: Mapping[str, float]) -> None:
@@ -193,34 +217,50 @@ def forecast(
     state: ShareState,
     queues: list[JobQueue],
     band_weights: Mapping[str, float] = DEFAULT_BAND_WEIGHTS,
-    max_picks: int = 50_000,
+    max_picks: int = 1_000,
 ) -> dict[int, Forecast]:
-    """Simulate the picks on a copy of the state until every queue is empty (or `max_picks`).
+    """Replay the policy on copies of the state and queues until every queue is empty.
 
-    Jobs still waiting after `max_picks` are absent from the answer (their position is unknown: too far).
+    A backlog of more than `max_picks` chunks is replayed in groups of chunks (a job's g next chunks as
+    one pick of g times the cost), so a page that polls never waits on a replay of a million rows; the
+    share each job gets is the same, and positions are then known to within a group. The first
+    `max_picks` picks are also replayed one chunk at a time, which places the jobs near the front exactly.
     """
+    total = sum(q.chunks for q in queues if q.chunks > 0)
+    group = max(1, -(-total // max_picks))
+    exact = _replay(state, queues, band_weights, 1, max_picks) if group > 1 else None
+    out = _replay(state, queues, band_weights, group, None)
+    if exact:
+        for job_id, near in exact.items():
+            out[job_id].chunks_ahead = near.chunks_ahead
+    return out
+
+
+def _replay(
+    state: ShareState, queues: list[JobQueue], band_weights: Mapping[str, float], group: int, limit: int | None
+) -> dict[int, Forecast]:
+    """Picks of `group` chunks until the queues are empty (or `limit` picks: then only the jobs seen so far,
+    with their chunks ahead)."""
     state = copy.deepcopy(state)
-    queues = [copy.copy(q) for q in queues if q.chunks > 0]
-    busy = list(queues)
+    busy = _Busy(copy.copy(q) for q in queues)
     handed_rows = 0.0
     handed_chunks = 0
-    own_rows: dict[int, float] = {q.job_id: 0.0 for q in queues}
-    first_at: dict[int, int] = {}
+    own_rows: dict[int, float] = {}
     out: dict[int, Forecast] = {}
-    while busy and handed_chunks < max_picks:
-        chosen = _choose(state, busy, band_weights)
-        _charge(state, chosen, max(chosen.cost_per_chunk, 1.0), band_weights)
-        first_at.setdefault(chosen.job_id, handed_chunks)
-        chosen.chunks -= 1
-        handed_chunks += 1
-        handed_rows += chosen.rows_per_chunk
-        own_rows[chosen.job_id] += chosen.rows_per_chunk
-        if chosen.chunks == 0:
-            busy.remove(chosen)
-            out[chosen.job_id] = Forecast(
-                chosen.job_id,
-                chunks_ahead=first_at[chosen.job_id],
-                rows_ahead=handed_rows - own_rows[chosen.job_id],
-                rows_to_finish=handed_rows,
-            )
+    picks = 0
+    while busy and (limit is None or picks < limit):
+        chosen = busy.choose(state, band_weights)
+        take = min(group, chosen.chunks)
+        _charge(state, chosen, max(chosen.cost_per_chunk, 1.0) * take, band_weights)
+        if chosen.job_id not in out:
+            out[chosen.job_id] = Forecast(chosen.job_id, handed_chunks, 0.0, 0.0)
+        busy.take(chosen, take)
+        picks += 1
+        handed_chunks += take
+        handed_rows += chosen.rows_per_chunk * take
+        own_rows[chosen.job_id] = own_rows.get(chosen.job_id, 0.0) + chosen.rows_per_chunk * take
+        if chosen.chunks <= 0:
+            result = out[chosen.job_id]
+            result.rows_ahead = handed_rows - own_rows[chosen.job_id]
+            result.rows_to_finish = handed_rows
     return out

@@ -173,7 +173,7 @@ class Standing:
 
 _cache: tuple[float, dict[int, Standing]] | None = None
 # The forecast simulates every waiting chunk: computed once for every job, and reused this long.
-_STANDING_TTL_S = 2.0
+_STANDING_TTL_S = 3.0
 
 
 def standings() -> dict[int, Standing]:
