@@ -171,37 +171,41 @@ class Standing:
     waiting_reason: str  # empty when the job is running with nothing ahead of it
 
 
-_cache: tuple[float, dict[int, Standing]] | None = None
+_cache: tuple[float, dict[int, Standing], float] | None = None
 # The forecast simulates every waiting chunk: computed once for every job, and reused this long.
 _STANDING_TTL_S = 3.0
 
 
-def standings() -> dict[int, Standing]:
-    """Every waiting job's standing (cached for a moment: pages poll, and the forecast is per backlog)."""
+def standings() -> tuple[dict[int, Standing], float]:
+    """Every waiting job's standing, and the offline rows/s they were computed with (cached for a moment:
+    pages poll, and the forecast is of the whole backlog)."""
     global _cache
     now = time.monotonic()
-    if _cache is not None and now - _cache[0] < _STANDING_TTL_S:
-        return _cache[1]
-    result = _compute_standings()
-    _cache = (now, result)
-    return result
+    if _cache is None or now - _cache[0] >= _STANDING_TTL_S:
+        rate = offline_rows_per_s()
+        _cache = (now, _compute_standings(rate), rate)
+    return _cache[1], _cache[2]
 
 
 def standing_of(job: Job) -> Standing | None:
+    """A queued or running job's standing; None for a job being read or ended."""
     if job.status not in RUNNABLE:
         return None
-    return standings().get(job.pk) or Standing(0, 0, _eta(0, job), "")
+    waiting, rate = standings()
+    if job.pk in waiting:
+        return waiting[job.pk]
+    # Nothing of it waits: its last chunks are sent or running.
+    remaining = job.total_rows - job.done_rows - job.failed_rows
+    return Standing(0, 0, remaining / rate if rate else None, "")
 
 
-def _compute_standings() -> dict[int, Standing]:
+def _compute_standings(rate: float) -> dict[int, Standing]:
     queues = waiting_queues()
     if not queues:
         return {}
     row = SchedulerState.objects.filter(pk=_STATE_PK).first()
     state = fairshare.ShareState.from_json(row.state if row else {})
-    weights = band_weights()
-    forecasts = fairshare.forecast(state, queues, weights)
-    rate = offline_rows_per_s()
+    forecasts = fairshare.forecast(state, queues, band_weights())
     in_flight_rows = (
         Chunk.objects.filter(status__in=[ChunkStatus.QUEUED, ChunkStatus.RUNNING], dispatched_at__isnull=False)
         .filter(job__status__in=RUNNABLE)
@@ -237,12 +241,6 @@ def waiting_reason(queue: fairshare.JobQueue, queues: list[fairshare.JobQueue]) 
         n = len(own)
         return f"sharing its owner's share with {n} other job{'s' if n != 1 else ''} of theirs"
     return ""
-
-
-def _eta(rows: float, job: Job) -> float | None:
-    remaining = job.total_rows - job.done_rows - job.failed_rows
-    rate = offline_rows_per_s()
-    return (remaining + rows) / rate if rate else None
 
 
 def offline_rows_per_s() -> float:
