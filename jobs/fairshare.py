@@ -88,7 +88,8 @@ class Sfq:
         self.finish = {k: f for k, f in self.finish.items() if k in keep or f > self.virtual}
 
     def as_json(self) -> dict[str, Any]:
-        return {"v": self.virtual, "f": self.finish}
+        # A copy: a stored state must not change with the picks made after it was taken.
+        return {"v": self.virtual, "f": dict(self.finish)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> Sfq:
@@ -192,14 +193,22 @@ def _charge(state: ShareState, queue: JobQueue, cost: float, band_weights: Mappi
 
 
 def _prune(state: ShareState, busy: list[JobQueue]) -> None:
+    """Forget idle flows that owe nothing, and the inner SFQs of bands and users with nothing waiting.
+
+    An inner SFQ's virtual time moves only while its band (or user) is served, so the tags of a user who
+    left would stay ahead of it, and be kept, forever: one entry per user ever seen. A band or user that
+    comes back starts its inner flows afresh, as the scheduler starts every flow afresh when all is idle.
+    """
     state.bands.prune(q.band for q in busy)
+    busy_bands = {q.band for q in busy}
+    busy_users = {f"{q.band}/{q.user_key}" for q in busy}
     for band, users in list(state.users.items()):
         users.prune(q.user_key for q in busy if q.band == band)
-        if not users.finish:
+        if band not in busy_bands or not users.finish:
             del state.users[band]
     for key, jobs in list(state.jobs.items()):
         jobs.prune(str(q.job_id) for q in busy if f"{q.band}/{q.user_key}" == key)
-        if not jobs.finish:
+        if key not in busy_users or not jobs.finish:
             del state.jobs[key]
 
 
@@ -228,25 +237,31 @@ def forecast(
     """
     total = sum(q.chunks for q in queues if q.chunks > 0)
     group = max(1, -(-total // max_picks))
-    exact = _replay(state, queues, band_weights, 1, max_picks) if group > 1 else None
-    out = _replay(state, queues, band_weights, group, None)
-    if exact:
+    out, _ = _replay(state, queues, band_weights, group, None)
+    if group > 1:
+        exact, finished = _replay(state, queues, band_weights, 1, max_picks)
         for job_id, near in exact.items():
-            out[job_id].chunks_ahead = near.chunks_ahead
+            # A job done within the exact picks (a small one beside big ones) is placed exactly: the groups
+            # would give it the ETA of a job served g chunks at a time, several times too short or long.
+            if job_id in finished:
+                out[job_id] = near
+            else:
+                out[job_id].chunks_ahead = near.chunks_ahead
     return out
 
 
 def _replay(
     state: ShareState, queues: list[JobQueue], band_weights: Mapping[str, float], group: int, limit: int | None
-) -> dict[int, Forecast]:
+) -> tuple[dict[int, Forecast], set[int]]:
     """Picks of `group` chunks until the queues are empty (or `limit` picks: then only the jobs seen so far,
-    with their chunks ahead)."""
+    with their chunks ahead); and the jobs whose last chunk was picked."""
     state = copy.deepcopy(state)
     busy = _Busy(copy.copy(q) for q in queues)
     handed_rows = 0.0
     handed_chunks = 0
     own_rows: dict[int, float] = {}
     out: dict[int, Forecast] = {}
+    finished: set[int] = set()
     picks = 0
     while busy and (limit is None or picks < limit):
         chosen = busy.choose(state, band_weights)
@@ -263,4 +278,5 @@ def _replay(
             result = out[chosen.job_id]
             result.rows_ahead = handed_rows - own_rows[chosen.job_id]
             result.rows_to_finish = handed_rows
-    return out
+            finished.add(chosen.job_id)
+    return out, finished
