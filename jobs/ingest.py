@@ -1,31 +1,29 @@
-"""Reading an uploaded CSV into job rows, streaming: memory stays flat whatever the file's size.
+"""What every upload format shares on its way into job rows: errors, limits, decoding, row checks.
 
-Two callers: the web request runs `preflight` on the upload (codec, byte-order mark, header and the
-first rows, so the usual mistakes get their 400 at once), and an offline worker reads the whole
-stored upload with `read_rows` (jobs/lifecycle.py `run_ingest`). Bytes are decoded in blocks and split
-into lines after decoding, so UTF-16 and UTF-32 files split correctly, and an undecodable byte is
-reported with its line and column. Errors that make the file unusable raise IngestError; an empty or
-oversized cell fails only its row.
+A format's reader (jobs/readers.py: CSV today) parses the file; this module holds what does not depend
+on the format. The web request checks the file's start (codec, byte-order mark, header and the first
+rows, so the usual mistakes get their 400 at once), and an offline worker reads the whole stored upload
+(jobs/lifecycle.py `run_ingest`), streaming: memory stays flat whatever the file's size. Bytes are
+decoded in blocks and split into lines after decoding, so UTF-16 and UTF-32 files split correctly, and
+an undecodable byte is reported with its line and column. Errors that make the file unusable raise
+IngestError; an empty or oversized value fails only its row.
 
-Which columns are read follows the model's task (inference/task_io.py): one CSV column per input
-field, named by the upload's `<field>_column` (`text_column` for text tasks; `question_column` and
+Which columns are read follows the model's task (inference/task_io.py): one column per input field,
+named by the upload's `<field>_column` (`text_column` for text tasks; `question_column` and
 `context_column` for question-answering). `input_columns` turns those upload fields into the mapping.
 """
 
 from __future__ import annotations
 
 import codecs
-import csv
 import itertools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import IO, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from inference.task_io import INPUT_FIELDS, input_fields, takes_text
 
-DELIMITERS = (",", ";", "\t")
-_DELIMITER_NAMES = {",": "comma", ";": "semicolon", "\t": "tab"}
-# Decoding happens a block at a time; the preflight therefore checks at least the first block's bytes.
+# Decoding happens a block at a time; checking the file's start therefore checks at least the first block's bytes.
 BLOCK_BYTES = 64 * 1024
 # Data rows the web request reads before answering; the rest is read by the ingest task.
 PREFLIGHT_ROWS = 100
@@ -41,9 +39,6 @@ _BOMS = (
     (codecs.BOM_UTF16_LE, "utf-16-le"),
     (codecs.BOM_UTF16_BE, "utf-16-be"),
 )
-# Python's csv module refuses a field over 128 KiB by raising for the whole file; a cell is bounded
-# by the upload limit anyway, and an over-long one must fail only its row ("text too long").
-csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
 
 
 class IngestError(Exception):
@@ -180,7 +175,7 @@ def codec_for(head: bytes, encoding: str) -> tuple[str, int]:
     return encoding, 0
 
 
-class _Lines:
+class DecodedLines:
     """Decoded lines of a binary file (each ending in "\\n" but the last), counting lines for error messages."""
 
     def __init__(self, binary: Readable, encoding: str) -> None:
@@ -229,18 +224,6 @@ class _Lines:
         )
 
 
-def pick_delimiter(header_line: str, given: str | None) -> str:
-    """The delimiter the user gave, or the candidate that splits the header most (comma by default)."""
-    if given:
-        given = {"tab": "\t", "\\t": "\t", "comma": ",", "semicolon": ";"}.get(given, given)
-        if given not in DELIMITERS:
-            raise IngestError("delimiter must be one of: comma, semicolon, tab")
-        return given
-    counts = {d: header_line.count(d) for d in DELIMITERS}
-    best = max(DELIMITERS, key=lambda d: counts[d])
-    return best if counts[best] else ","
-
-
 class Row(NamedTuple):
     """One data row: `text` is what is shown and searched (a text task's input; a question's text);
     `inputs` the structured input of other tasks (None for text tasks); `error` fails the row alone."""
@@ -252,119 +235,38 @@ class Row(NamedTuple):
     inputs: dict[str, str] | None = None
 
 
-class CsvRows(NamedTuple):
-    delimiter: str
-    encoding: str  # the codec actually used (a byte-order mark may have chosen it)
-    rows: Iterator[Row]
+def strip_nul(value: str) -> str:
+    """`value` without NUL characters: PostgreSQL text cannot hold them (they appear when a UTF-16 file
+    is read as UTF-8)."""
+    return value.replace("\x00", "") if "\x00" in value else value
 
 
-def _clean(cell: str) -> str:
-    # PostgreSQL text cannot hold NUL; they appear when a UTF-16 file is read as UTF-8.
-    return cell.replace("\x00", "") if "\x00" in cell else cell
+def numbered_rows(
+    records: Iterable[tuple[str, dict[str, str]]], fields: list[str], limits: IngestLimits
+) -> Iterator[Row]:
+    """Rows from a file's records in file order, each an (external id, input field -> value) pair.
 
-
-def read_rows(
-    binary: Readable,
-    *,
-    encoding: str,
-    columns: Mapping[str, str],
-    id_column: str,
-    delimiter: str | None,
-    limits: IngestLimits,
-) -> CsvRows:
-    """The file's rows, lazily; header problems raise at once, later ones while iterating.
-
-    `columns` maps each input field to its CSV column ({"text": "body"}, or {"question": "q",
-    "context": "passage"}): a single "text" field makes plain text rows, others structured ones, whose
-    readable text is their task's first field (the question).
+    `fields` are the input fields in their task's order: a single "text" field makes plain text rows,
+    others structured ones, whose readable text is their task's first field (the question). A file
+    past `limits.max_rows` raises; an empty or too long value fails its row alone.
     """
-    source = _Lines(binary, encoding)
-    lines = iter(source)
-    first = next(lines, None)
-    while first is not None and not first.strip():
-        first = next(lines, None)
-    if first is None:
-        raise IngestError("the file is empty")
-    chosen = pick_delimiter(first, delimiter)
-    reader = csv.reader(itertools.chain([first], lines), delimiter=chosen)
-    header = [_clean(name).strip() for name in next(reader)]
-    for field, column in columns.items():
-        if column not in header:
-            raise IngestError(
-                f"{field} column {column!r} not found; the {_DELIMITER_NAMES[chosen]}-separated header has: "
-                + ", ".join(repr(h) for h in header),
-                field=column_field(field),
-            )
-    if id_column and id_column not in header:
-        raise IngestError(
-            f"id column {id_column!r} not found; the header has: " + ", ".join(repr(h) for h in header),
-            field="id_column",
-        )
-    # A column read under a name the header holds twice would be one of them, silently: refused instead.
-    read = [(columns[field], column_field(field)) for field in in_task_order(columns)] + [(id_column, "id_column")]
-    for name, upload_field in read:
-        if name and header.count(name) > 1:
-            places = ", ".join(str(at + 1) for at, h in enumerate(header) if h == name)
-            raise IngestError(
-                f"the header has {header.count(name)} columns named {name!r} (columns {places}); "
-                "rename them so that each column read has a name of its own",
-                field=upload_field,
-            )
-    positions = {field: header.index(columns[field]) for field in in_task_order(columns)}
-    structured = list(positions) != ["text"]
-    id_at = header.index(id_column) if id_column else None
-
-    def cell(record: list[str], at: int | None) -> str:
-        return _clean(record[at]) if at is not None and at < len(record) else ""
-
-    def rows() -> Iterator[Row]:
-        index = 0
-        keep_chars = limits.max_text_chars + 1  # one past the limit: a retried row fails the same check again
-        try:
-            for record in reader:
-                if not record:
-                    continue  # a blank line; a line holding an empty quoted cell is an empty text
-                if index >= limits.max_rows:
-                    raise IngestError(f"the file has more than {limits.max_rows} data rows, the limit per job")
-                external_id = cell(record, id_at)[:255]
-                values = {field: cell(record, at) for field, at in positions.items()}
-                error = next(
-                    (e for field, value in values.items() if (e := field_error(field, value, limits.max_text_chars))),
-                    "",
-                )
-                values = {field: value[:keep_chars] for field, value in values.items()}
-                if structured:
-                    # The first field (a question) is the row's readable text in lists, search and admin.
-                    yield Row(index, external_id, next(iter(values.values())), error, values)
-                else:
-                    yield Row(index, external_id, values["text"], error)
-                index += 1
-        except csv.Error as exc:
-            raise IngestError(f"line {source.line_no}: malformed CSV ({exc})") from None
-        if index == 0:
-            raise IngestError("the file has a header but no data rows")
-
-    return CsvRows(chosen, source.codec, rows())
+    structured = fields != ["text"]
+    keep_chars = limits.max_text_chars + 1  # one past the limit: a retried row fails the same check again
+    index = 0
+    for external_id, values in records:
+        if index >= limits.max_rows:
+            raise IngestError(f"the file has more than {limits.max_rows} data rows, the limit per job")
+        error = next((e for field in fields if (e := field_error(field, values[field], limits.max_text_chars))), "")
+        values = {field: values[field][:keep_chars] for field in fields}
+        if structured:
+            # The first field (a question) is the row's readable text in lists, search and admin.
+            yield Row(index, external_id[:255], values[fields[0]], error, values)
+        else:
+            yield Row(index, external_id[:255], values["text"], error)
+        index += 1
 
 
-def preflight(
-    binary: IO[bytes],
-    *,
-    encoding: str,
-    columns: Mapping[str, str],
-    id_column: str,
-    delimiter: str | None,
-    limits: IngestLimits,
-) -> CsvRows:
-    """Check the header and the first PREFLIGHT_ROWS rows (and the first block's bytes); the rows are consumed."""
-    parsed = read_rows(
-        binary,
-        encoding=check_encoding(encoding),
-        columns=columns,
-        id_column=id_column,
-        delimiter=delimiter,
-        limits=limits,
-    )
-    for _ in itertools.islice(parsed.rows, PREFLIGHT_ROWS):
+def read_start(rows: Iterator[Row]) -> None:
+    """Read the first PREFLIGHT_ROWS rows (what the web request checks before answering); they are consumed."""
+    for _ in itertools.islice(rows, PREFLIGHT_ROWS):
         pass
-    return parsed

@@ -19,8 +19,8 @@ from django.utils import timezone
 from inference.registry import ModelSpec, get_registry
 from inference.task_io import takes_text
 from inference.tokens import token_counts
-from jobs import enqueue, quotas, scheduler
-from jobs.ingest import IngestError, IngestLimits, in_task_order, input_columns, preflight, read_rows
+from jobs import enqueue, quotas, readers, scheduler
+from jobs.ingest import IngestError, IngestLimits, in_task_order, input_columns
 from jobs.models import Chunk, Job, JobRow, JobStatus, Priority, RowStatus, UploadPart
 from platform_.errors import ApiError
 
@@ -75,14 +75,8 @@ def create_job(
             " per user); wait until one is queued, or cancel one",
             status=429,
         )
-    checked = preflight(
-        upload,
-        encoding=encoding,
-        columns=mapping,
-        id_column=id_column,
-        delimiter=delimiter,
-        limits=ingest_limits(),
-    )
+    reader = readers.from_upload({"encoding": encoding, "delimiter": delimiter})
+    checked = reader.check_start(upload, columns=mapping, id_column=id_column, limits=ingest_limits())
     upload.seek(0)
     # Text tasks keep their column in `text_column`, as every job before structured inputs did.
     structured = not takes_text(spec.task)
@@ -94,8 +88,7 @@ def create_job(
             text_column="" if structured else mapping["text"],
             input_columns=mapping if structured else {},
             id_column=id_column,
-            encoding=checked.encoding,
-            delimiter=checked.delimiter,
+            **checked.job_fields(),  # what the file's start showed (a detected delimiter), read again at ingest
             callback_url=callback_url,
             priority=priority,
             status=JobStatus.INGESTING,
@@ -232,14 +225,7 @@ def price(spec: ModelSpec | None, inputs: list) -> list[int]:
 def _write_rows(job: Job, upload: StoredUpload, limits: IngestLimits) -> list[list[int]]:
     """Write the file's rows; each chunk's rows' prices in tokens (chunk n holds rows n * chunk_rows on)."""
     spec = get_registry().get(job.model)
-    parsed = read_rows(
-        upload,
-        encoding=job.encoding,
-        columns=job_columns(job),
-        id_column=job.id_column,
-        delimiter=job.delimiter,
-        limits=limits,
-    )
+    rows = readers.reader_for(job).rows(upload, columns=job_columns(job), id_column=job.id_column, limits=limits)
     batch: list[JobRow] = []
     total = 0
     prices: list[int] = []
@@ -253,7 +239,7 @@ def _write_rows(job: Job, upload: StoredUpload, limits: IngestLimits) -> list[li
         prices.extend(costs)
         return _flush(job, batch, total, upload)
 
-    for row in parsed.rows:
+    for row in rows:
         status = RowStatus.FAILED if row.error else RowStatus.PENDING
         batch.append(
             JobRow(

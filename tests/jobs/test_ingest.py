@@ -14,24 +14,18 @@ from jobs.ingest import (
     IngestError,
     IngestLimits,
     check_encoding,
-    pick_delimiter,
-    preflight,
-    read_rows,
 )
+from jobs.readers import CsvReader, pick_delimiter
 
 LIMITS = IngestLimits(max_rows=5, max_text_chars=50, batch_rows=2, chunk_rows=2)
 
 
 def rows_of(data: bytes, text_column="text", id_column="", encoding="utf-8", delimiter=None):
-    chosen, _, rows = read_rows(
-        io.BytesIO(data),
-        encoding=encoding,
-        columns={"text": text_column},
-        id_column=id_column,
-        delimiter=delimiter,
-        limits=LIMITS,
-    )
-    return chosen, list(rows)
+    reader = CsvReader(encoding=encoding, delimiter=delimiter)
+    wanted = {"columns": {"text": text_column}, "id_column": id_column, "limits": LIMITS}
+    rows = list(reader.rows(io.BytesIO(data), **wanted))
+    chosen = reader.check_start(io.BytesIO(data), **wanted).delimiter
+    return chosen, rows
 
 
 def error_of(data: bytes, **kwargs) -> IngestError:
@@ -118,9 +112,9 @@ def test_utf16_and_utf32_with_a_bom_split_into_the_right_lines(codec):
     bom = {"utf-16-be": codecs.BOM_UTF16_BE, "utf-32-be": codecs.BOM_UTF32_BE}.get(codec, b"")
     data = bom + text.encode(codec)
     for given in ("utf-8", codec):  # the byte-order mark decides, whatever the encoding given
-        parsed = read_rows(io.BytesIO(data), encoding=check_encoding(given), columns={"text": "text"},
-                           id_column="id", delimiter=None, limits=LIMITS)  # fmt: skip
-        assert [(r[1], r[2]) for r in parsed.rows] == [("a", "where is my parcel"), ("b", "two\nlines")]
+        rows = CsvReader(encoding=check_encoding(given)).rows(io.BytesIO(data), columns={"text": "text"},
+                                                              id_column="id", limits=LIMITS)  # fmt: skip
+        assert [(r[1], r[2]) for r in rows] == [("a", "where is my parcel"), ("b", "two\nlines")]
 
 
 def test_utf16_without_a_bom_is_a_clear_error_and_utf16le_reads_it():
@@ -140,8 +134,8 @@ def test_an_error_deep_in_a_file_names_its_line():
     data = b"text\n" + b"row\n" * 30_000 + b"\xff\n"
     limits = IngestLimits(max_rows=100_000, max_text_chars=50, batch_rows=2, chunk_rows=2)
     with pytest.raises(IngestError, match="^line 30002: byte 0xff at column 1 is not valid utf-8"):
-        list(read_rows(io.BytesIO(data), encoding="utf-8", columns={"text": "text"}, id_column="",
-                       delimiter=None, limits=limits).rows)  # fmt: skip
+        list(CsvReader(encoding="utf-8").rows(io.BytesIO(data), columns={"text": "text"}, id_column="",
+                                              limits=limits))  # fmt: skip
 
 
 def test_a_cell_over_the_csv_module_field_limit_fails_only_its_row():
@@ -154,8 +148,8 @@ def test_preflight_reads_only_the_start():
     limits = IngestLimits(max_rows=100_000, max_text_chars=50, batch_rows=2, chunk_rows=2)
 
     def check(data: bytes):
-        return preflight(io.BytesIO(data), encoding="utf-8", columns={"text": "text"}, id_column="", delimiter=None,
-                         limits=limits)  # fmt: skip
+        return CsvReader(encoding="utf-8").check_start(io.BytesIO(data), columns={"text": "text"}, id_column="",
+                                                       limits=limits)  # fmt: skip
 
     # Bad bytes past the first block (and past PREFLIGHT_ROWS rows) are left for the ingest task...
     rows_past_first_block = BLOCK_BYTES // 5 + PREFLIGHT_ROWS
@@ -165,9 +159,7 @@ def test_preflight_reads_only_the_start():
     with pytest.raises(IngestError, match="^line 202: byte 0xff"):
         check(b"text\n" + b"fine\n" * (PREFLIGHT_ROWS + 100) + b"\xff\n")
     with pytest.raises(IngestError, match="the file is empty"):
-        preflight(
-            io.BytesIO(b""), encoding="utf-8", columns={"text": "text"}, id_column="", delimiter=None, limits=limits
-        )
+        check(b"")
 
 
 @pytest.mark.parametrize(

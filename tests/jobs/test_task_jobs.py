@@ -23,8 +23,9 @@ from inference.registry import get_registry
 from jobs import export, lifecycle
 from jobs.api.serializers import JobCreateSerializer
 from jobs.display import answer_html, input_html, snippet_html
-from jobs.ingest import COLUMN_FIELDS, IngestError, IngestLimits, input_columns, read_rows
+from jobs.ingest import COLUMN_FIELDS, IngestError, IngestLimits, input_columns
 from jobs.models import Chunk, ChunkStatus, Job, JobRow, JobStatus, RowStatus
+from jobs.readers import CsvReader
 from tests.conftest import wait_until
 from tests.jobs.factories import user
 
@@ -49,15 +50,13 @@ def task_models(settings, tmp_path):
 
 
 def qa_rows(data: str, **columns: str) -> list:
-    parsed = read_rows(
+    rows = CsvReader(encoding="utf-8").rows(
         io.BytesIO(data.encode()),
-        encoding="utf-8",
         columns=columns or {"question": "q", "context": "ctx"},
         id_column="id",
-        delimiter=None,
         limits=LIMITS,
     )
-    return list(parsed.rows)
+    return list(rows)
 
 
 # Which columns a task reads ------------------------------------------------------------------------
