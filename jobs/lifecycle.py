@@ -218,8 +218,13 @@ def price(spec: ModelSpec | None, inputs: list) -> list[int]:
         return [1] * len(inputs)
     try:
         return token_counts(spec, inputs)
-    except ApiError:
-        return [max(1, len(str(item)) // 4) for item in inputs]
+    except ApiError:  # an input its tokenizer refuses
+        pass
+    except Exception:  # no tokenizer to read (a misconfigured model): its rows fail when run, not the ingest
+        logger.warning(
+            "pricing rows of model %r by length: its tokenizer could not count them", spec.name, exc_info=True
+        )
+    return [max(1, len(str(item)) // 4) for item in inputs]
 
 
 def _write_rows(job: Job, upload: StoredUpload, limits: IngestLimits) -> list[list[int]]:
