@@ -226,51 +226,31 @@ def forecast(
     state: ShareState,
     queues: list[JobQueue],
     band_weights: Mapping[str, float] = DEFAULT_BAND_WEIGHTS,
-    max_picks: int = 1_000,
+    exact_chunks: int = 500,
 ) -> dict[int, Forecast]:
     """Replay the policy on copies of the state and queues until every queue is empty.
 
-    A backlog of more than `max_picks` chunks is replayed in groups of chunks (a job's g next chunks as
-    one pick of g times the cost), so a page that polls never waits on a replay of a million rows; the
-    share each job gets is the same, and positions are then known to within a group. The first
-    `max_picks` picks are also replayed one chunk at a time, which places the jobs near the front exactly.
+    The first 2 * `exact_chunks` chunks are replayed one at a time, so the jobs near the front are placed
+    exactly. Past them a pick hands out a job's next `handed // exact_chunks` chunks at once (charged
+    together), so the groups grow with the distance from the front: forty users' 2,000,000-row jobs take
+    about 4,000 picks, and each place is off by a small share of its distance from the front (within 3% in
+    tests/jobs/test_fairshare.py). Groups of one size for the whole backlog (1/1,000 of it) were off by a
+    group per competing job wherever the job stood: a new user's 30-chunk job beside forty such jobs was
+    told 3,840 rows to its end, not 152,320; a 300-chunk job beside ten, 239,360 rows, not 421,120.
     """
-    total = sum(q.chunks for q in queues if q.chunks > 0)
-    group = max(1, -(-total // max_picks))
-    out, _ = _replay(state, queues, band_weights, group, None)
-    if group > 1:
-        exact, finished = _replay(state, queues, band_weights, 1, max_picks)
-        for job_id, near in exact.items():
-            # A job done within the exact picks (a small one beside big ones) is placed exactly: the groups
-            # would give it the ETA of a job served g chunks at a time, several times too short or long.
-            if job_id in finished:
-                out[job_id] = near
-            else:
-                out[job_id].chunks_ahead = near.chunks_ahead
-    return out
-
-
-def _replay(
-    state: ShareState, queues: list[JobQueue], band_weights: Mapping[str, float], group: int, limit: int | None
-) -> tuple[dict[int, Forecast], set[int]]:
-    """Picks of `group` chunks until the queues are empty (or `limit` picks: then only the jobs seen so far,
-    with their chunks ahead); and the jobs whose last chunk was picked."""
     state = copy.deepcopy(state)
     busy = _Busy(copy.copy(q) for q in queues)
     handed_rows = 0.0
     handed_chunks = 0
     own_rows: dict[int, float] = {}
     out: dict[int, Forecast] = {}
-    finished: set[int] = set()
-    picks = 0
-    while busy and (limit is None or picks < limit):
+    while busy:
         chosen = busy.choose(state, band_weights)
-        take = min(group, chosen.chunks)
+        take = min(max(1, handed_chunks // max(exact_chunks, 1)), chosen.chunks)
         _charge(state, chosen, max(chosen.cost_per_chunk, 1.0) * take, band_weights)
         if chosen.job_id not in out:
             out[chosen.job_id] = Forecast(chosen.job_id, handed_chunks, 0.0, 0.0)
         busy.take(chosen, take)
-        picks += 1
         handed_chunks += take
         handed_rows += chosen.rows_per_chunk * take
         own_rows[chosen.job_id] = own_rows.get(chosen.job_id, 0.0) + chosen.rows_per_chunk * take
@@ -278,5 +258,4 @@ def _replay(
             result = out[chosen.job_id]
             result.rows_ahead = handed_rows - own_rows[chosen.job_id]
             result.rows_to_finish = handed_rows
-            finished.add(chosen.job_id)
-    return out, finished
+    return out

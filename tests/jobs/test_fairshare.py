@@ -316,7 +316,7 @@ def test_forecast_changes_neither_the_state_nor_the_queues():
 
 def big_backlog(state: ShareState) -> list[JobQueue]:
     """Two users' big jobs running for a while, then a third user's three-chunk job: more chunks than
-    the forecast replays one at a time (its default max_picks)."""
+    the forecast replays one at a time."""
     backlog = [queue(1, "A", chunks=15_000), queue(2, "C", chunks=15_000, rows=100)]
     pick(state, backlog, 500)
     return [*backlog, queue(3, "B", chunks=3, rows=20)]
@@ -331,17 +331,34 @@ def test_forecast_of_a_big_backlog_is_exact_for_a_small_job_near_the_front():
     assert (told.chunks_ahead, told.rows_ahead, told.rows_to_finish) == replay(state, backlog)[3]
 
 
-def test_forecast_of_a_big_backlog_places_big_jobs_within_a_group_per_competitor():
+def test_forecast_of_a_big_backlog_places_big_jobs_within_three_percent():
     state = ShareState()
     backlog = big_backlog(state)
-    told = forecast(state, backlog, max_picks=1_000)
+    told = forecast(state, backlog)
     actual = replay(state, backlog)
-    group = -(-sum(q.chunks for q in backlog) // 1_000)  # chunks per replayed pick
     for job_id in (1, 2):
         first, rows_ahead, rows_to_finish = actual[job_id]
         assert told[job_id].chunks_ahead == first
-        # Each competing job may be up to one group of chunks ahead of or behind its exact place.
-        assert abs(told[job_id].rows_to_finish - rows_to_finish) <= 2 * group * 128, (job_id, told[job_id])
+        assert told[job_id].rows_to_finish == pytest.approx(rows_to_finish, rel=0.03), job_id
+        assert told[job_id].rows_ahead == pytest.approx(rows_ahead, rel=0.03), job_id
+
+
+@pytest.mark.parametrize(("users", "small"), [(40, 30), (10, 300)])
+def test_forecast_of_a_full_platform_places_a_new_users_job_as_the_picks_will(users, small):
+    # Every user at the default queued-rows quota (2,000,000 rows: 15,625 chunks), twelve chunks each done.
+    state = ShareState()
+    full = [queue(n, f"U{n}", chunks=15_625) for n in range(1, users + 1)]
+    pick(state, full, users * 12)
+    told = forecast(state, [*full, queue(10_000, "B", chunks=small)])
+    # Equal costs and weights: B's first chunk goes at once (it starts at the virtual time), then B is last
+    # of every round of users + 1 (ties go to older jobs), so its last chunk is pick 1 + (small - 1) * (users + 1).
+    finish = 1 + (small - 1) * (users + 1)
+    assert told[10_000].chunks_ahead == 0
+    assert told[10_000].rows_to_finish == pytest.approx(finish * 128, rel=0.03)
+    assert told[10_000].rows_ahead == pytest.approx((finish - small) * 128, rel=0.03)
+    # The first user's job ends in the last round: all but the other users' last chunks before it.
+    everything = users * (15_625 - 12) + small
+    assert told[1].rows_to_finish == pytest.approx((everything - users + 1) * 128, rel=0.03)
 
 
 def test_forecast_of_an_empty_backlog_is_empty():
