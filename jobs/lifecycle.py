@@ -174,7 +174,6 @@ def run_ingest(job_id: int) -> None:
     try:
         costs = _write_rows(job, upload, limits)
         total = sum(len(c) for c in costs)
-        quotas.check_ingested(job, total)
         now = timezone.now()
         chunks = [
             Chunk(
@@ -187,6 +186,7 @@ def run_ingest(job_id: int) -> None:
             for n, start in enumerate(range(0, total, limits.chunk_rows))
         ]
         with transaction.atomic():
+            quotas.check_ingested(job, total)
             Chunk.objects.bulk_create(chunks)
             if not job.queue(total):
                 raise _Stop

@@ -93,7 +93,15 @@ def check_new_job(user, share: Share) -> None:
 
 
 def check_ingested(job: Job, total_rows: int) -> None:
-    """A file read whole: refuse it if its rows take its owner past the queued-rows quota."""
+    """A file read whole: refuse it if its rows take its owner past the queued-rows quota.
+
+    Called in the transaction that queues the job: the owner's live jobs are locked first, so two of
+    their files read at once are checked one after the other (each seeing the other's rows), not both
+    against the rows the other had read so far.
+    """
+    list(
+        Job.objects.select_for_update().filter(owner=job.owner).exclude(status__in=TERMINAL).order_by("pk").values("pk")
+    )
     share = share_of(job.owner)
     others = queued_rows(job.owner, exclude_job_id=job.pk)
     if others + total_rows > share.max_queued_rows:

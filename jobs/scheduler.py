@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, F, Sum
 from django.utils import timezone
 
@@ -91,6 +91,25 @@ def sent_ahead() -> int:
     ).count()
 
 
+# How long a picker waits for another's turn: the web's cancel calls refill too, and must not hang behind a
+# picker that stopped (a frozen or cut-off worker); what gives up is retried by the reconciler's next tick.
+_LOCK_WAIT_MS = 3_000
+# A picker stopped while holding the lock loses its database session, and the lock, after this: until then
+# no process can hand out chunks (seen on the live stack: a SIGSTOPped worker's reconciler held it).
+_HOLDER_IDLE_MS = 10_000
+
+
+def _bound_lock_waits() -> None:
+    """PostgreSQL: bound both sides of the scheduler's lock, for this transaction only."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT set_config('lock_timeout', %s, true), set_config('idle_in_transaction_session_timeout', %s, true)",
+            [f"{_LOCK_WAIT_MS}ms", f"{_HOLDER_IDLE_MS}ms"],
+        )
+
+
 def _locked_state() -> SchedulerState:
     row = SchedulerState.objects.select_for_update().filter(pk=_STATE_PK).first()
     if row is None:
@@ -102,7 +121,10 @@ def _locked_state() -> SchedulerState:
 def refill() -> int:
     """Send the chunks the policy picks until the prefetch limit is reached; how many were sent."""
     limit = prefetch_limit()  # Redis is read before the lock is taken
+    outermost = not connection.in_atomic_block  # the bounds last as long as the transaction: only our own
     with transaction.atomic():
+        if outermost:
+            _bound_lock_waits()
         row = _locked_state()
         places = limit - sent_ahead()
         if places <= 0:
@@ -147,6 +169,8 @@ def refill_quietly() -> None:
         refill()
     except Exception:
         logger.warning("offline scheduler: refill failed; the reconciler will retry", exc_info=True)
+        if not connection.in_atomic_block:  # a session ended by _HOLDER_IDLE_MS: reconnect at the next query
+            connection.close_if_unusable_or_obsolete()
 
 
 def refill_after_commit() -> None:
@@ -235,7 +259,8 @@ def waiting_reason(queue: fairshare.JobQueue, queues: list[fairshare.JobQueue]) 
     others = {q.owner for q in queues if q.band == queue.band and q.owner != queue.owner}
     if others:
         n = len(others)
-        return f"sharing the offline workers with {n} other user{'s' if n != 1 else ''}' jobs of {queue.band} priority"
+        whose = "user's" if n == 1 else "users'"
+        return f"sharing the offline workers with {n} other {whose} jobs of {queue.band} priority"
     own = [q for q in queues if q.owner == queue.owner and q.band == queue.band and q.job_id != queue.job_id]
     if own:
         n = len(own)

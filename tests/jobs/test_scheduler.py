@@ -225,7 +225,6 @@ def test_a_new_users_job_stands_first_and_its_eta_counts_what_is_ahead(committed
     assert waiting[flood.pk].eta_s == pytest.approx((128 + 100 + 9 * 128) / 100)
 
 
-@pytest.mark.xfail(strict=True, reason="scheduler.waiting_reason writes \"1 other user' jobs\" (no 's)")
 def test_the_reason_for_one_other_user_reads_as_english():
     queued_job(user("ann"), 3)
     small = queued_job(user("bob"), 1)
