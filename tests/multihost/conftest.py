@@ -38,6 +38,9 @@ WORKER_HEARTBEAT_S = 2.0
 DISPATCHER_HEARTBEAT_S = 0.5
 # Small chunks and dispatches: a job is many messages, so a worker stopped mid-job holds some.
 JOB_CHUNK_ROWS = 20
+# Chunks the scheduler sends ahead of each live offline child (the rest wait in the database); set here,
+# not left to the default, because the tests bound what sits in Redis by it.
+JOBS_PREFETCH_CHUNKS = 1
 PASSWORD = secrets.token_urlsafe(16)
 BIN = Path(sys.executable).parent
 
@@ -94,8 +97,9 @@ class Cluster:
         """Every host's address, and the bridge's (the test process's own, as a client)."""
         return [self.network.gateway, *(host.address for host in self.network.hosts.values())]
 
-    def headers(self, **extra: str) -> dict[str, str]:
-        return {"Authorization": f"Token {self.token}", **extra}
+    def headers(self, token: str | None = None, **extra: str) -> dict[str, str]:
+        """A user's headers: the test user's unless another user's `token` is given."""
+        return {"Authorization": f"Token {token or self.token}", **extra}
 
     def predict(self, model: str, inputs: list[str], *, deadline_ms: int | None = None) -> requests.Response:
         extra = {"X-Deadline-Ms": str(deadline_ms)} if deadline_ms else {}
@@ -106,8 +110,8 @@ class Cluster:
             timeout=60,
         )
 
-    def get(self, path: str, **params) -> requests.Response:
-        return _session().get(f"{self.url}{path}", params=params, headers=self.headers(), timeout=30)
+    def get(self, path: str, *, token: str | None = None, **params) -> requests.Response:
+        return _session().get(f"{self.url}{path}", params=params, headers=self.headers(token), timeout=30)
 
     def start(self, host: Host, name: str, argv: list[str], *, env: dict[str, str] | None = None, **kw) -> Process:
         # Each host has its own local state folder, never the checkout's var/ (which hosts would share).
@@ -127,6 +131,11 @@ class Cluster:
             raise
         assert rc == 0, f"manage.py {args[0]} on {host.hostname} failed:\n{process.tail()}"
         return process.log.read_text()
+
+    def add_users(self, host: Host, *usernames: str) -> dict[str, str]:
+        """Users (made on `host`, in host A's database) and their API tokens, by username."""
+        output = self.manage(host, f"create-users-{'-'.join(usernames)}", "shell", "-c", _create_users(usernames))
+        return tokens_in(output)
 
     def worker(self, host: Host, name: str, queue: str, *, models: str = "", prefetch: int = 16) -> Process:
         """A Celery worker on `host` consuming `queue` with one prefork child."""
@@ -269,13 +278,19 @@ def _redis_answers(cluster: Cluster) -> bool:
         return False
 
 
-# Creates the test user and its API token; runs on host B, against host A's database.
-_CREATE_USER = """
+def _create_users(usernames: tuple[str, ...]) -> str:
+    """A `manage.py shell` script that makes these users and prints each one's API token (tokens_in reads them)."""
+    return f"""
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
-user, _ = get_user_model().objects.get_or_create(username="tester")
-print("TOKEN", Token.objects.get_or_create(user=user)[0].key)
+for name in {list(usernames)!r}:
+    user, _ = get_user_model().objects.get_or_create(username=name)
+    print("TOKEN", name, Token.objects.get_or_create(user=user)[0].key)
 """
+
+
+def tokens_in(output: str) -> dict[str, str]:
+    return dict(re.findall(r"^TOKEN (\S+) (\S+)$", output, flags=re.MULTILINE))
 
 
 @pytest.fixture(scope="module")
@@ -330,6 +345,7 @@ def _environment(root: Path, a: Host, redis_url: str) -> dict[str, str]:
         "ONLINE_DISPATCH_TOKENS": "2048",  # a request of 10 x 128 tokens is one dispatch, one pass
         "JOBS_CHUNK_ROWS": str(JOB_CHUNK_ROWS),
         "JOBS_DISPATCH_ROWS": str(2 * JOB_CHUNK_ROWS),
+        "JOBS_PREFETCH_CHUNKS": str(JOBS_PREFETCH_CHUNKS),
         # The reconciler must not rescue chunks: what a stopped worker gives back, it gives back itself.
         "JOBS_STALL_S": "600",
     }
@@ -353,7 +369,10 @@ def _bring_up(cluster: Cluster, root: Path, pg_root: Path) -> None:
     assert created.popen.wait(timeout=60) == 0, created.tail()
     cluster.manage(b, "migrate", "migrate", "--noinput")  # from host B, over the network
     phase("migrated from B")
-    user = cluster.start(b, "create-user", [str(BIN / "python"), "manage.py", "shell", "-c", _CREATE_USER])
+    # The test user, made on host B while the workers start.
+    user = cluster.start(
+        b, "create-user", [str(BIN / "python"), "manage.py", "shell", "-c", _create_users(("tester",))]
+    )
     web = [str(BIN / "uvicorn"), "platform_.asgi:application", "--host", a.address, "--port", str(WEB_PORT)]
     cluster.start(a, "web", [*web, "--workers", "1", "--no-access-log"])
     workers = [
@@ -364,7 +383,7 @@ def _bring_up(cluster: Cluster, root: Path, pg_root: Path) -> None:
         (d, "offline", "router", cluster.worker(d, "offline-d", "offline", models="router", prefetch=4)),
     ]
     assert user.popen.wait(timeout=120) == 0, user.tail()
-    cluster.token = user.log.read_text().split("TOKEN ", 1)[1].split()[0]
+    cluster.token = tokens_in(user.log.read_text())["tester"]
     for host, role, model, process in workers:
         cluster.wait_for_child(host, role, model, process)
     phase("workers ready")

@@ -3,7 +3,8 @@
 Host A runs Redis, PostgreSQL and web; host B an online worker for `identity`; host C an online worker
 for `router` and the offline worker; host D frozen standbys for both (tests/multihost/conftest.py).
 The tests run in order, each leaving the hosts as the next one expects: predictions across hosts, a
-killed worker, an offline job, then SIGTERM on an online and on an offline worker.
+killed worker, an offline job, then SIGTERM on an online and on an offline worker, and last three users'
+jobs shared fairly by offline workers on hosts C and D.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 
 import psycopg
@@ -23,7 +25,7 @@ import requests
 
 from inference.keys import backlog_key
 from tests.conftest import wait_until
-from tests.multihost.conftest import DISPATCHER_HEARTBEAT_S, JOB_CHUNK_ROWS, Cluster
+from tests.multihost.conftest import DISPATCHER_HEARTBEAT_S, JOB_CHUNK_ROWS, JOBS_PREFETCH_CHUNKS, Cluster
 
 pytestmark = pytest.mark.multihost
 
@@ -97,33 +99,36 @@ def make_csv(rows: int) -> bytes:
     return out.getvalue().encode()
 
 
-def upload(cluster: Cluster, rows: int) -> dict:
+def upload(cluster: Cluster, rows: int, token: str | None = None) -> dict:
+    """A job of `rows` rows, created by the test user (or by the user of `token`)."""
     response = requests.post(
         f"{cluster.url}/api/v1/jobs",
         files={"file": ("rows.csv", make_csv(rows), "text/csv")},
         data={"text_column": "text", "id_column": "key", "model": "router"},
-        headers=cluster.headers(),
+        headers=cluster.headers(token),
         timeout=60,
     )
     assert response.status_code == 202, response.text
     return response.json()
 
 
-def job(cluster: Cluster, job_id: int) -> dict:
-    return cluster.get(f"/api/v1/jobs/{job_id}").json()
+ENDED = {"succeeded", "partial", "failed", "cancelled"}
+
+
+def job(cluster: Cluster, job_id: int, token: str | None = None) -> dict:
+    return cluster.get(f"/api/v1/jobs/{job_id}", token=token).json()
 
 
 def wait_for_end(cluster: Cluster, job_id: int, timeout_s: float = 90) -> dict:
-    ended = {"succeeded", "partial", "failed", "cancelled"}
-    return wait_until(lambda: (j := job(cluster, job_id))["status"] in ended and j, timeout_s, f"job {job_id} to end")
+    return wait_until(lambda: (j := job(cluster, job_id))["status"] in ENDED and j, timeout_s, f"job {job_id} to end")
 
 
-def results(cluster: Cluster, job_id: int, **params) -> dict:
-    return cluster.get(f"/api/v1/jobs/{job_id}/results", page_size=1000, **params).json()
+def results(cluster: Cluster, job_id: int, token: str | None = None, **params) -> dict:
+    return cluster.get(f"/api/v1/jobs/{job_id}/results", token=token, page_size=1000, **params).json()
 
 
-def assert_every_row_done_once(cluster: Cluster, job_id: int, total: int) -> None:
-    rows = results(cluster, job_id)["results"]
+def assert_every_row_done_once(cluster: Cluster, job_id: int, total: int, token: str | None = None) -> None:
+    rows = results(cluster, job_id, token)["results"]
     assert sorted(r["index"] for r in rows) == list(range(total))
     assert {r["status"] for r in rows} == {"done"}
     assert {r["attempts"] for r in rows} == {1}, "a row was written more than once"
@@ -205,18 +210,24 @@ def test_sigterm_mid_job_gives_the_offline_chunks_back_and_another_worker_finish
     wait_until(lambda: results(cluster, created["id"], status="done")["count"] > 0, 60, "the first rows done on C")
     offline.popen.send_signal(signal.SIGTERM)
     assert offline.popen.wait(timeout=60) == 0, offline.tail()
-    # Warm shutdown: the batch its child held was finished; every other chunk waits in the queue as a
-    # message (the ones it had prefetched were given back), and none is left half-done.
+    # Warm shutdown: the batch its child held was finished, and none is left half-done. The chunks the
+    # scheduler had sent ahead and no child had claimed wait in the queue as messages (the ones C had
+    # prefetched were given back); the rest of the job waits in the database, unsent.
     with psycopg.connect(cluster.database_url, connect_timeout=5) as db:
         query = "SELECT status, count(*) FROM jobs_chunk WHERE job_id = %s GROUP BY status"
         chunks = dict(db.execute(query, [created["id"]]).fetchall())
+        query = "SELECT count(*) FROM jobs_chunk WHERE job_id = %s AND status = 'queued' AND dispatched_at IS NOT NULL"
+        sent = db.execute(query, [created["id"]]).fetchone()[0]
     done_rows = results(cluster, created["id"], status="done")["count"]
     assert 0 < done_rows < total, "SIGTERM came too late to stop the job midway"
     assert set(chunks) <= {"done", "queued"} and chunks["done"] * JOB_CHUNK_ROWS == done_rows, chunks
     # kombu keeps one list per queue (and per priority, named after it); nothing sits unacknowledged.
     lists = [k for k in cluster.redis.scan_iter("offline*") if cluster.redis.type(k) == "list"]
     waiting = sum(cluster.redis.llen(key) for key in lists)
-    assert waiting == chunks["queued"], f"{waiting} messages for {chunks['queued']} queued chunks"
+    assert waiting == sent, f"{waiting} messages for {sent} chunks sent and not claimed"
+    # Bounded by the prefetch, not by the job's backlog: C's child was the only live offline child (D's
+    # has been frozen since the hosts came up).
+    assert sent <= JOBS_PREFETCH_CHUNKS * 1 < chunks["queued"], f"{sent} of {chunks['queued']} queued chunks sent"
     assert not cluster.redis.hlen("unacked")
     assert job(cluster, created["id"])["status"] == "running"
     cluster.thaw(standby)  # another host's offline worker
@@ -224,5 +235,61 @@ def test_sigterm_mid_job_gives_the_offline_chunks_back_and_another_worker_finish
     assert (ended["status"], ended["done_rows"], ended["failed_rows"]) == ("succeeded", total, 0), ended
     assert_every_row_done_once(cluster, created["id"], total)
     print(
-        f"\noffline: {done_rows} of {total} rows done on C at SIGTERM, {waiting} chunks back in the queue; D did the rest"
+        f"\noffline: {done_rows} of {total} rows done on C at SIGTERM, {waiting} sent chunks back in the queue "
+        f"({chunks['queued'] - sent} unsent in the database); D did the rest"
+    )
+
+
+def test_offline_workers_on_two_hosts_share_the_work_fairly_between_three_users(cluster: Cluster):
+    """Issue 19: one user's big job is created first, then two other users' small jobs (a third of it
+    each); the offline workers of hosts C and D, each pulling on its own, serve the three users in turn
+    rather than in arrival order: every user's rows advance while all three jobs run, the small jobs end
+    before the big one, and every row is done once.
+
+    Last in the file: it starts a second offline worker on host C (the SIGTERM test stopped the first one)
+    and leaves both running."""
+    worker = cluster.worker(cluster.c, "offline-c2", "offline", models="router", prefetch=4)
+    standby = cluster.processes["offline-d"]  # thawed by the SIGTERM test
+    tokens = cluster.add_users(cluster.b, "second", "third")  # while C's worker loads its model
+    tokens["tester"] = cluster.token
+    cluster.wait_for_child(cluster.c, "offline", "router", worker)
+    children = [
+        cluster.child_on(host, "offline", "router", process)["pid"]
+        for host, process in ((cluster.c, worker), (cluster.d, standby))
+    ]
+    busy_before = [cpu_ticks(pid) for pid in children]
+    sizes = {"tester": 900, "second": 300, "third": 300}
+    ids = {user: upload(cluster, rows, tokens[user])["id"] for user, rows in sizes.items()}  # the big one first
+    samples: list[dict[str, dict]] = []
+
+    def all_ended() -> bool:
+        samples.append({user: job(cluster, ids[user], tokens[user]) for user in ids})
+        return all(j["status"] in ENDED for j in samples[-1].values())
+
+    wait_until(all_ended, 300, "the three users' jobs to end", interval_s=0.1)
+    busy = [cpu_ticks(pid) - before for pid, before in zip(children, busy_before, strict=True)]
+    ended = samples[-1]
+    for user, rows in sizes.items():
+        got = ended[user]
+        assert (got["status"], got["done_rows"], got["failed_rows"]) == ("succeeded", rows, 0), got
+        assert_every_row_done_once(cluster, ids[user], rows, tokens[user])
+    # Served in turn, not in arrival order: both small jobs ended while the big one, created first, still ran.
+    finished = {user: datetime.fromisoformat(ended[user]["finished_at"]) for user in ids}
+    assert max(finished["second"], finished["third"]) < finished["tester"], finished
+    # While all three ran (from the last one queued to the first one ending), each user's rows grew, by a
+    # fair part of what all three did (a third each; half of that allowed for the chunks in flight).
+    start = next(
+        (i for i, s in enumerate(samples) if all(j["status"] in ("queued", "running") for j in s.values())), None
+    )
+    end = next(i for i, s in enumerate(samples) if any(j["status"] in ENDED for j in s.values()))
+    assert start is not None and start < end, "one job ended before the last one was queued"
+    grown = {user: samples[end][user]["done_rows"] - samples[start][user]["done_rows"] for user in ids}
+    total = sum(grown.values())
+    assert all(rows >= total / 6 for rows in grown.values()), f"rows done by each user while all three ran: {grown}"
+    # Both hosts' offline children worked on them (at least a second of CPU each).
+    assert min(busy) >= 100, f"CPU ticks of the offline children of C and D: {busy}"
+    seconds = {user: (finished[user] - min(finished.values())).total_seconds() for user in ids}
+    print(
+        f"\nfair share: while all three ran, rows done {grown}; the jobs ended at {seconds} s "
+        f"(relative to the first); CPU ticks C {busy[0]}, D {busy[1]}; {len(samples)} samples"
     )
