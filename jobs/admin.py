@@ -1,9 +1,12 @@
-"""Job review for admins: jobs read-only with progress and per-job actions, rows reviewed against the model's labels.
+"""Job review for admins: jobs with progress, standing and per-job actions, rows reviewed against the
+model's labels, and each user's offline share.
 
-The job page changes nothing by editing (every field is written by the platform); what an operator
-does to a job goes through the same lifecycle functions as the API: cancel, retry failed rows,
-export. Rows are reviewed in a narrow list meant for a laptop screen, the corrected label picked
-from the model's own labels; saving a correction records who made it and when.
+On the job page only the priority is staff's to change (the scheduler reads it at its next pick);
+every other field is written by the platform. What an operator does to a job goes through the same
+lifecycle functions as the API: cancel, retry failed rows, export. Rows are reviewed in a narrow list
+meant for a laptop screen, the corrected label picked from the model's own labels; saving a
+correction records who made it and when. A user's weight, highest priority and quotas are set in
+their offline share (UserShare); without one a user gets the JOBS_* defaults in settings.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, QuerySet
@@ -22,9 +26,9 @@ from django.utils.html import format_html, format_html_join
 from django.views.decorators.http import require_POST
 
 from inference.labels import labels_for
-from jobs import export, lifecycle
-from jobs.display import answer_html, input_html
-from jobs.models import CallbackSecret, Job, JobRow, JobStatus, RowStatus
+from jobs import export, lifecycle, quotas, scheduler
+from jobs.display import ahead_texts, answer_html, duration_text, input_html, time_left_text
+from jobs.models import TERMINAL, CallbackSecret, Job, JobRow, JobStatus, RowStatus, UserShare
 
 # One product: the admin is branded as the platform and links back to its pages (templates/admin/base_site.html).
 admin.site.site_header = "Inference platform"
@@ -43,17 +47,6 @@ NOT_STORED = "–"
 def when(value) -> str:
     """A time to the second, in the server's zone (the admin's default format drops seconds)."""
     return timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S") if value else NOT_STORED
-
-
-def duration_in_words(seconds: float | None) -> str:
-    if seconds is None:
-        return NOT_STORED
-    seconds = round(seconds)
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours} h {minutes} min"
-    return f"{minutes} min {secs} s" if minutes else f"{secs} s"
 
 
 def progress_html(job: Job) -> str:
@@ -85,12 +78,17 @@ def rows_url(job_id: int, **filters: str) -> str:
     return reverse("admin:jobs_jobrow_changelist") + "?" + query
 
 
+# What staff may change on a job; every other field is the platform's.
+EDITABLE_JOB_FIELDS = ("priority",)
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = [
         "id",
         "filename",
         "status",
+        "priority",
         "progress_bar",
         "model",
         "owner",
@@ -98,14 +96,31 @@ class JobAdmin(admin.ModelAdmin):
         "created",
         "rows_link",
     ]
-    list_filter = ["status", "model", "owner", "created_at"]
+    list_filter = ["status", "priority", "model", "owner", "created_at"]
+    # Staff raise or lower a job from the list too; each change is saved alone (save_model).
+    list_editable = ["priority"]
     search_fields = ["filename", "owner__username", "error"]
     date_hierarchy = "created_at"
     list_select_related = ["owner"]
     empty_value_display = NOT_STORED
     actions = ["cancel_jobs", "retry_failed_rows", "export_results"]
     fieldsets = [
-        (None, {"fields": ["filename", "model", "owner", "status", "progress_bar", "label_summary", "error"]}),
+        (
+            None,
+            {
+                "fields": [
+                    "filename",
+                    "model",
+                    "owner",
+                    "priority",
+                    "status",
+                    "standing",
+                    "progress_bar",
+                    "label_summary",
+                    "error",
+                ]
+            },
+        ),
         ("Timing", {"fields": ["created", "started", "finished", "elapsed", "rows_per_s_shown", "eta"]}),
         (
             "Upload",
@@ -141,7 +156,8 @@ class JobAdmin(admin.ModelAdmin):
         ),
     ]
     readonly_fields = [
-        *(f.name for f in Job._meta.fields),
+        *(f.name for f in Job._meta.fields if f.name not in EDITABLE_JOB_FIELDS),
+        "standing",
         "progress_bar",
         "label_summary",
         "created",
@@ -181,11 +197,21 @@ class JobAdmin(admin.ModelAdmin):
     def elapsed(self, job: Job) -> str:
         if not job.started_at:
             return NOT_STORED
-        return duration_in_words(((job.finished_at or timezone.now()) - job.started_at).total_seconds())
+        return duration_text(((job.finished_at or timezone.now()) - job.started_at).total_seconds())
 
     @admin.display(description="time left")
     def eta(self, job: Job) -> str:
-        return NOT_STORED if job.is_terminal else duration_in_words(job.eta_s)
+        return time_left_text(job, scheduler.standing_of(job))
+
+    @admin.display(description="where it stands")
+    def standing(self, job: Job) -> str:
+        """Its place in the offline backlog under the current shares, as the job page shows it."""
+        place = scheduler.standing_of(job)
+        if place is None:  # neither queued nor running: being read, or ended
+            return NOT_STORED
+        chunks, rows = ahead_texts(place)
+        reason = place.waiting_reason or "nothing waits before it"
+        return f"{reason} · {chunks} of other jobs before its next one · {rows} of other jobs before it ends"
 
     @admin.display(description="upload")
     def upload_size(self, job: Job) -> str:
@@ -232,7 +258,26 @@ class JobAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
-        return False  # the page is read-only: no Save button over fields nobody may change
+        """A live job's priority may change; an ended job's page is read-only (no Save over nothing to change)."""
+        if obj is not None and obj.is_terminal:
+            return False
+        return super().has_change_permission(request, obj)
+
+    def formfield_for_dbfield(self, db_field, request: HttpRequest, **kwargs):
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if db_field.name == "priority" and field is not None:
+            field.help_text = (
+                "higher is served first; the scheduler goes by it from its next pick (chunks already sent to "
+                "the workers keep their place); the owner's own limit does not apply to staff"
+            )
+        return field
+
+    def save_model(self, request: HttpRequest, obj: Job, form, change: bool) -> None:
+        """Write the priority alone: the rest of the row was read when the form was, and workers have
+        moved it on since (a whole-row save would write back an old status and counts)."""
+        changed = [name for name in form.changed_data if name in EDITABLE_JOB_FIELDS]
+        if changed:
+            obj.save(update_fields=changed)
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         """Cancel, retry and export: for those the model permissions would let change jobs."""
@@ -538,3 +583,66 @@ class CallbackSecretAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: CallbackSecret | None = None) -> bool:
         return False  # deleting stays allowed: it revokes the secret (the next callback makes a new one)
+
+
+# Offline shares -------------------------------------------------------------------------------
+
+
+def _or_default(value: object, default: object) -> str:
+    """A share's own value, or the settings default it falls back to when left empty."""
+    if value in (None, ""):
+        shown = f"{default:,}" if isinstance(default, int) else default
+        return format_html(
+            '<span class="row-muted" title="not set: the default in settings">default ({})</span>', shown
+        )
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+@admin.register(UserShare)
+class UserShareAdmin(admin.ModelAdmin):
+    """Each user's share of the offline workers and quotas (jobs/quotas.py); users without one get the defaults."""
+
+    list_display = [
+        "user",
+        "weight",
+        "max_priority_shown",
+        "max_queued_rows_shown",
+        "max_unfinished_jobs_shown",
+        "in_use",
+    ]
+    list_select_related = ["user"]
+    search_fields = ["user__username"]
+    autocomplete_fields = ["user"]
+    ordering = ["user__username"]
+    fields = ["user", "weight", "max_priority", "max_queued_rows", "max_unfinished_jobs"]
+
+    # The settings each empty field falls back to, named in its help text on the form.
+    DEFAULTS = {
+        "max_priority": lambda: settings.JOBS_DEFAULT_MAX_PRIORITY,
+        "max_queued_rows": lambda: f"{settings.JOBS_MAX_QUEUED_ROWS_PER_USER:,}",
+        "max_unfinished_jobs": lambda: f"{settings.JOBS_MAX_UNFINISHED_JOBS_PER_USER:,}",
+    }
+
+    def formfield_for_dbfield(self, db_field, request: HttpRequest, **kwargs):
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if field is not None and db_field.name in self.DEFAULTS:
+            field.help_text = f"{field.help_text}; empty: {self.DEFAULTS[db_field.name]()} (settings)"
+        return field
+
+    @admin.display(description="highest priority", ordering="max_priority")
+    def max_priority_shown(self, share: UserShare) -> str:
+        return _or_default(share.max_priority, settings.JOBS_DEFAULT_MAX_PRIORITY)
+
+    @admin.display(description="most queued rows", ordering="max_queued_rows")
+    def max_queued_rows_shown(self, share: UserShare) -> str:
+        return _or_default(share.max_queued_rows, settings.JOBS_MAX_QUEUED_ROWS_PER_USER)
+
+    @admin.display(description="most unfinished jobs", ordering="max_unfinished_jobs")
+    def max_unfinished_jobs_shown(self, share: UserShare) -> str:
+        return _or_default(share.max_unfinished_jobs, settings.JOBS_MAX_UNFINISHED_JOBS_PER_USER)
+
+    @admin.display(description="in use now")
+    def in_use(self, share: UserShare) -> str:
+        """What the quotas are checked against: the user's jobs not yet ended and their rows queued."""
+        unfinished = Job.objects.filter(owner_id=share.user_id).exclude(status__in=TERMINAL).count()
+        return f"{unfinished} job{'' if unfinished == 1 else 's'} · {quotas.queued_rows(share.user):,} rows"

@@ -15,3 +15,4 @@ class JobsConfig(AppConfig):
         registry.register_gauges(monitoring.gauges)
         registry.register_rule(monitoring.offline_stalled)
         registry.register_dashboard(monitoring.dashboard_section)
+        registry.register_metric_families(monitoring.metric_families)

@@ -1,4 +1,5 @@
-"""Rows' inputs and answers as HTML, for the admin review and the job page: one home for both.
+"""What the admin and the job pages both show, in one home: durations and a job's standing in words, and
+rows' inputs and answers as HTML.
 
 A text task's answer is its label; a question-answering answer is a span of the context (shown with
 its offsets, and marked in the context); token-classification entities are spans of the text (listed,
@@ -7,19 +8,62 @@ and marked in it). Every piece of a client's text or a model's answer is escaped
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from jobs.ingest import in_task_order
-from jobs.models import JobRow
+from jobs.models import Job, JobRow, JobStatus
+
+if TYPE_CHECKING:
+    from jobs.scheduler import Standing
 
 ANSWER_SHOWN_CHARS = 80  # an answer's cut in a row list
 SNIPPET_CONTEXT_CHARS = 80  # characters of context shown either side of an answer on the job page
 SNIPPET_TEXT_CHARS = 300  # a text's cut on the job page, entities marked within it
 
 Span = tuple[Any, Any, str]  # start, end, title (offsets come from stored JSON: checked before use)
+# A job's time left while no offline rows were written for a minute (no worker yet, or all were idle).
+NO_RATE_YET = "not known yet"
+
+
+def duration_text(seconds: float | None) -> str:
+    """A duration as a person reads it: "42 s", "3 min 05 s", "2 h 07 min"; "–" when unknown."""
+    if seconds is None:
+        return "–"
+    total = max(int(round(seconds)), 0)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    if minutes:
+        return f"{minutes} min {secs:02d} s"
+    return f"{secs} s"
+
+
+def count_text(count: int, unit: str) -> str:
+    """ "1 chunk", "1,536 rows"."""
+    return f"{count:,} {unit}{'' if count == 1 else 's'}"
+
+
+def time_left_text(job: Job, standing: Standing | None) -> str:
+    """A job's time left from where it stands in the offline backlog (the measured offline rate and the
+    job's share of it, jobs/scheduler.py), not from its own rate alone: a job behind others has to wait."""
+    if job.is_terminal:
+        return "ended"
+    if job.status == JobStatus.INGESTING:
+        return "reading the file"
+    if standing is None:  # created, its file not yet picked up
+        return "waiting for a worker"
+    return NO_RATE_YET if standing.eta_s is None else duration_text(standing.eta_s)
+
+
+def ahead_texts(standing: Standing) -> tuple[str, str]:
+    """Other jobs' chunks handed out before this job's next one, and their rows run before it ends."""
+    if standing.chunks_ahead is None or standing.rows_ahead is None:  # past the forecast's horizon
+        return "too many to count", "too many to count"
+    return count_text(standing.chunks_ahead, "chunk"), count_text(standing.rows_ahead, "row")
 
 
 def _output(row: JobRow) -> dict[str, Any]:

@@ -1,13 +1,27 @@
-"""What offline jobs tell observability: the offline queue's gauges, a rule, the dashboard's job list.
+"""What offline jobs tell observability: the offline queue's gauges, a rule, the dashboard's job list and
+offline work per user and priority, and the per-user /metrics families.
 
 Registered in JobsConfig.ready(). The database is the truth about chunks, so the gauges count rows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from jobs.keys import (
+    OFFLINE_QUEUED_ROWS_PREFIX,
+    OFFLINE_USER_ROWS_PREFIX,
+    offline_queued_rows_field,
+    user_and_priority,
+)
 from observability.diagnosis import Finding, Snapshot
+from observability.keys import GAUGES_KEY
+
+# The dashboard's rows/s per user and priority: over the last minute, as its other offline rate.
+USER_RATE_WINDOW_S = 60
 
 
 def offline_rate_per_s(client=None, window_s: int = 60) -> float:
@@ -26,14 +40,57 @@ def offline_rate_per_s(client=None, window_s: int = 60) -> float:
     return sum(busy) / len(busy) if busy else 0.0
 
 
+def queued_rows_by_user() -> dict[tuple[str, str], tuple[int, int]]:
+    """(username, priority) -> (live jobs, their rows not yet done or failed), for every owner with a job
+    queued or running. Jobs still being read are not counted: their rows do not wait for a worker yet."""
+    from django.db.models import Count, F, Sum
+
+    from jobs.models import RUNNABLE, Job
+
+    groups = (
+        Job.objects.filter(status__in=RUNNABLE)
+        .values("owner__username", "priority")
+        .annotate(jobs=Count("pk"), rows=Sum(F("total_rows") - F("done_rows") - F("failed_rows")))
+    )
+    return {(g["owner__username"], g["priority"]): (g["jobs"], max(int(g["rows"] or 0), 0)) for g in groups}
+
+
 def gauges(client) -> dict[str, float]:
-    """Offline chunks queued and running."""
+    """Offline chunks queued and running; rows queued per user and priority (users with live jobs only)."""
     from jobs.models import Chunk, ChunkStatus
 
+    per_user = {offline_queued_rows_field(u, p): float(rows) for (u, p), (_, rows) in queued_rows_by_user().items()}
+    # The latest-gauges hash keeps every field ever written: a user whose jobs all ended would go on
+    # showing their last figure on /metrics. Their field goes instead, so the series ends with the work.
+    stale = [f for f in client.hkeys(GAUGES_KEY) if f.startswith(OFFLINE_QUEUED_ROWS_PREFIX) and f not in per_user]
+    if stale:
+        client.hdel(GAUGES_KEY, *stale)
     return {
         "gauge|offline|waiting": Chunk.objects.filter(status=ChunkStatus.QUEUED).count(),
         "gauge|offline|in_flight": Chunk.objects.filter(status=ChunkStatus.RUNNING).count(),
+        **per_user,
     }
+
+
+def metric_families(totals: Mapping[str, float], gauges: Mapping[str, float]) -> Iterator[Metric]:
+    """/metrics' per-user offline series: rows queued now (users with live jobs) and rows written ever."""
+    queued = GaugeMetricFamily(
+        "offline_queued_rows",
+        "Rows of queued or running offline jobs not yet done or failed, per owner and priority (live jobs only).",
+        labels=["user", "priority"],
+    )
+    written = CounterMetricFamily(
+        "offline_user_rows_total", "Rows written by offline jobs, per owner and priority.", labels=["user", "priority"]
+    )
+    for family, source, prefix in (
+        (queued, gauges, OFFLINE_QUEUED_ROWS_PREFIX),
+        (written, totals, OFFLINE_USER_ROWS_PREFIX),
+    ):
+        for name, value in sorted(source.items()):
+            labels = user_and_priority(name, prefix)
+            if labels is not None:
+                family.add_metric(list(labels), value)
+        yield family
 
 
 def offline_stalled(s: Snapshot) -> Finding | None:
@@ -50,26 +107,69 @@ def offline_stalled(s: Snapshot) -> Finding | None:
     )
 
 
+def user_rates_per_s(client, now: float, window_s: int = USER_RATE_WINDOW_S) -> dict[tuple[str, str], float]:
+    """(username, priority) -> rows per second written over the window (its mean, idle seconds included)."""
+    from observability.metrics import read_seconds
+
+    totals: dict[tuple[str, str], float] = {}
+    for second in read_seconds(client, window_s, now):
+        for name, value in second.items():
+            key = user_and_priority(name, OFFLINE_USER_ROWS_PREFIX)
+            if key is not None:
+                totals[key] = totals.get(key, 0.0) + value
+    return {key: rows / window_s for key, rows in totals.items()}
+
+
+def offline_users(client, now: float) -> list[dict[str, Any]]:
+    """Offline work per user and priority: live jobs, rows queued, rows/s over the last minute. A user
+    whose jobs ended within the minute is listed too, with nothing queued, while the rate still counts them."""
+    from jobs.fairshare import BANDS
+
+    queued = queued_rows_by_user()
+    rates = user_rates_per_s(client, now)
+    # Highest priority first (as they are served), then by user; a band no longer configured last.
+    order = {band: rank for rank, band in enumerate(BANDS)}
+    keys = sorted(set(queued) | set(rates), key=lambda k: (order.get(k[1], len(BANDS)), k[0]))
+    return [
+        {
+            "user": user,
+            "priority": priority,
+            "jobs": queued.get((user, priority), (0, 0))[0],
+            "rows_queued": queued.get((user, priority), (0, 0))[1],
+            "rows_per_s": round(rates.get((user, priority), 0.0), 1),
+        }
+        for user, priority in keys
+    ]
+
+
 def dashboard_section(client, now: float) -> dict[str, Any]:
-    """Jobs queued or running, newest first (20 at most)."""
+    """Jobs queued or running (newest first, 20 at most) with where each stands; offline work per user."""
     from jobs.models import Job, JobStatus
+    from jobs.scheduler import standing_of
 
     running = Job.objects.filter(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]).select_related("owner")[:20]
-    return {
-        "jobs": [
+    jobs = []
+    for j in running:
+        standing = standing_of(j)
+        jobs.append(
             {
                 "id": j.pk,
                 "filename": j.filename,
                 "model": j.model,
                 "owner": j.owner.username,
+                "priority": j.priority,
                 "status": j.status,
                 "done": j.done_rows + j.failed_rows,  # rows run, failed included
                 "failed": j.failed_rows,
                 "total": j.total_rows,
                 "progress_pct": round(j.progress * 100, 1),
                 "rows_per_s": round(j.rows_per_s, 1),
-                "eta_s": None if j.eta_s is None else round(j.eta_s),
+                # Where it stands under the current shares (jobs/scheduler.py), not its own rate alone.
+                "eta_s": None if standing is None or standing.eta_s is None else round(standing.eta_s),
+                "chunks_ahead": None if standing is None else standing.chunks_ahead,
+                "rows_ahead": None if standing is None else standing.rows_ahead,
+                "waiting_reason": "" if standing is None else standing.waiting_reason,
             }
-            for j in running
-        ]
-    }
+        )
+    # The rates end at the last complete second, as the dashboard's own (the current one is still filling).
+    return {"jobs": jobs, "offline_users": offline_users(client, now - 1)}

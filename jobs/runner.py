@@ -23,7 +23,7 @@ from inference.task_io import input_fields, takes_text
 from inference.tokens import qa_tokens
 from jobs import lifecycle, scheduler
 from jobs.ingest import inputs_error, row_error
-from jobs.keys import OFFLINE_YIELD_FIELD, offline_inference_field, offline_rows_field
+from jobs.keys import OFFLINE_YIELD_FIELD, offline_inference_field, offline_rows_field, offline_user_rows_field
 from jobs.models import RUNNABLE, Chunk, Job, JobRow, RowStatus
 from observability import metrics
 from platform_.errors import ApiError
@@ -53,6 +53,7 @@ class ResultWriter:
         self.written: set[int] = set()
         self.cancelled: set[int] = set()
         self._last_progress = 0.0
+        self._user_fields: dict[int, str] | None = None  # job id -> its owner's and priority's rows field
 
     def pass_done(self, indices: list[int], outputs: list[Any], passes: list[Any]) -> None:
         updates = []
@@ -79,10 +80,12 @@ class ResultWriter:
         self.cancelled |= JobRow.objects.complete(updates, _ROW_FIELDS)
         written = sum(1 for row in updates if row.job_id not in self.cancelled)
         done = passes[indices[0]]
-        metrics.record(
-            get_redis(),
-            {offline_rows_field(self.model): written, offline_inference_field(self.model): done.end - done.start},
-        )
+        fields = {offline_rows_field(self.model): written, offline_inference_field(self.model): done.end - done.start}
+        for row in updates:
+            field = None if row.job_id in self.cancelled else self._user_field(row.job_id)
+            if field is not None:
+                fields[field] = fields.get(field, 0) + 1
+        metrics.record(get_redis(), fields)
         if time.monotonic() - self._last_progress >= _PROGRESS_EVERY_S:
             self.progress()
 
@@ -94,6 +97,14 @@ class ResultWriter:
                 self.cancelled.add(job.pk)
             else:
                 job.refresh_counts()
+
+    def _user_field(self, job_id: int) -> str | None:
+        """The metric field counting rows per owner and priority (the dashboard's and /metrics' per-user
+        figures): read once per batch; a priority changed by staff meanwhile counts from the next batch."""
+        if self._user_fields is None:
+            jobs = Job.objects.filter(pk__in=self.job_ids).values_list("pk", "owner__username", "priority")
+            self._user_fields = {pk: offline_user_rows_field(user, priority) for pk, user, priority in jobs}
+        return self._user_fields.get(job_id)  # None: the job was deleted meanwhile
 
     def all_cancelled(self) -> bool:
         """Whether every job in the batch was cancelled (as of the last write or progress check)."""

@@ -20,12 +20,13 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from inference.registry import get_registry
-from jobs import export, lifecycle
+from jobs import export, lifecycle, quotas, scheduler
 from jobs.api.views import create_from_upload, visible_jobs
-from jobs.display import answer_html, snippet_html
+from jobs.display import NO_RATE_YET, ahead_texts, answer_html, duration_text, snippet_html, time_left_text
+from jobs.fairshare import band_rank
 from jobs.forms import UploadForm
 from jobs.ingest import IngestError
-from jobs.models import Job, JobStatus, RowStatus
+from jobs.models import Job, RowStatus
 
 JOBS_PER_PAGE = 25
 ROWS_PER_PAGE = 50
@@ -33,22 +34,9 @@ ROWS_PER_PAGE = 50
 REVIEW_URL = "/admin/jobs/jobrow/?job__id__exact={pk}&low_confidence__exact=1"
 
 
-def duration_text(seconds: float | None) -> str:
-    """A duration as a person reads it: "42 s", "3 min 05 s", "2 h 07 min"; "–" when unknown."""
-    if seconds is None:
-        return "–"
-    total = max(int(round(seconds)), 0)
-    hours, rest = divmod(total, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours} h {minutes:02d} min"
-    if minutes:
-        return f"{minutes} min {secs:02d} s"
-    return f"{secs} s"
-
-
 def describe(job: Job, now: datetime | None = None) -> Job:
-    """Add what the templates show beside the stored fields: bar widths, elapsed, ETA, which buttons apply."""
+    """Add what the templates show beside the stored fields: bar widths, elapsed, where the job stands in
+    the offline backlog (while it waits or runs) and its time left, which buttons apply."""
     now = now or timezone.now()
     total = job.total_rows or 0
     job.done_pct = 100.0 * job.done_rows / total if total else 0.0
@@ -59,12 +47,12 @@ def describe(job: Job, now: datetime | None = None) -> Job:
         job.elapsed_text = duration_text(((job.finished_at or now) - job.started_at).total_seconds())
     else:
         job.elapsed_text = "not started"
-    if job.is_terminal:
-        job.eta_text = "ended"
-    elif job.status == JobStatus.INGESTING:
-        job.eta_text = "reading the file"
-    else:
-        job.eta_text = duration_text(job.eta_s) if job.eta_s is not None else "waiting for a worker"
+    # None unless queued or running: a job being read has no chunks yet, an ended one none left.
+    job.standing = scheduler.standing_of(job)
+    job.eta_text = time_left_text(job, job.standing)
+    job.eta_unknown = job.eta_text == NO_RATE_YET
+    if job.standing is not None:
+        job.chunks_ahead_text, job.rows_ahead_text = ahead_texts(job.standing)
     # "question: q, context: passage" for tasks with several input fields, in the task's order.
     job.columns_text = (
         ", ".join(f"{f}: {c}" for f, c in lifecycle.job_columns(job).items()) if job.input_columns else ""
@@ -93,6 +81,7 @@ def _job_page(request: HttpRequest) -> tuple[Page, str]:
 def job_list(request: HttpRequest) -> HttpResponse:
     """The upload form and the user's jobs (all jobs for staff), newest first, paged."""
     form = UploadForm(request.POST or None, request.FILES or None)
+    _offer_allowed_priorities(form, request.user)
     status = 200
     if request.method == "POST" and form.is_valid():
         try:
@@ -108,8 +97,18 @@ def job_list(request: HttpRequest) -> HttpResponse:
     elif request.method == "POST":
         status = 400
     page, others = _job_page(request)
-    context = {"form": form, "page": page, "others": others, "live": _any_live(page)}
+    # Errors on fields (marked beside them), as opposed to a refusal of the whole upload (a quota).
+    field_errors = any(name != "__all__" for name in form.errors) if form.is_bound else False
+    context = {"form": form, "page": page, "others": others, "live": _any_live(page), "field_errors": field_errors}
     return render(request, "jobs/list.html", context, status=status)
+
+
+def _offer_allowed_priorities(form: UploadForm, user) -> None:
+    """Only the priorities the user may ask for (their share's highest and below): one they may not would
+    only be refused once the file is chosen and sent."""
+    highest = quotas.share_of(user).max_priority
+    field = form.fields["priority"]
+    field.choices = [(value, label) for value, label in field.choices if band_rank(value) >= band_rank(highest)]
 
 
 @login_required

@@ -28,7 +28,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from observability import metrics
+from observability import metrics, registry
 from observability.keys import GAUGES_KEY
 from platform_.redis import get_redis
 
@@ -53,6 +53,8 @@ class RedisMetricsCollector(Collector):
         yield from self._batches()
         yield from self._simple_counters()
         yield from self._gauges()
+        for families in registry.metric_families():  # each app's own series (e.g. jobs: offline work per user)
+            yield from families(self.totals, self.gauges)
 
     def _requests(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(

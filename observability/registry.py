@@ -5,6 +5,8 @@
   can read (heartbeats, drain-rate buckets);
 - rules: `fn(snapshot) -> Finding | None`, one row of the troubleshooting table each;
 - dashboard sections: `fn(client, now) -> {field: value}`, merged into the dashboard's data;
+- metric families: `fn(totals, gauges) -> iterable of prometheus_client metric families`, added to /metrics
+  (an app's own series from the counters and gauges it writes, parsed with its own key names);
 - housekeeping: `fn()` run by the sampler's tick every `interval_s` (retention of the app's logs).
 
 Registering twice (ready() runs once per process, but tests may call it again) keeps one entry.
@@ -12,18 +14,20 @@ Registering twice (ready() runs once per process, but tests may call it again) k
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 GaugeSource = Callable[[Any], dict[str, float]]
 SnapshotSource = Callable[[Any, Any, list[dict[str, float]], float], None]
 Rule = Callable[[Any], Any]
 DashboardSection = Callable[[Any, float], dict[str, Any]]
+MetricFamilies = Callable[[Mapping[str, float], Mapping[str, float]], Iterable[Any]]
 
 _gauges: list[GaugeSource] = []
 _snapshot_sources: list[SnapshotSource] = []
 _rules: list[Rule] = []
 _dashboard_sections: list[DashboardSection] = []
+_metric_families: list[MetricFamilies] = []
 _housekeeping: list[tuple[Callable[[], object], float]] = []
 
 
@@ -50,6 +54,10 @@ def register_dashboard(fn: DashboardSection) -> None:
     _add(_dashboard_sections, fn)
 
 
+def register_metric_families(fn: MetricFamilies) -> None:
+    _add(_metric_families, fn)
+
+
 def register_housekeeping(fn: Callable[[], object], interval_s: float) -> None:
     _add(_housekeeping, (fn, interval_s))
 
@@ -68,6 +76,10 @@ def rules() -> list[Rule]:
 
 def dashboard_sections() -> list[DashboardSection]:
     return list(_dashboard_sections)
+
+
+def metric_families() -> list[MetricFamilies]:
+    return list(_metric_families)
 
 
 def housekeeping() -> list[tuple[Callable[[], object], float]]:

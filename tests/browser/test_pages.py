@@ -11,7 +11,9 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -257,6 +259,67 @@ def test_cancel_a_running_job(open_browser, stack, tmp_path):
     job = api_job(stack, job_id)
     assert job["status"] == "cancelled" and 0 < job["done_rows"] < 3000, job
     expect(page.get_by_role("button", name=re.compile(r"^\s*cancel", re.I))).to_have_count(0)  # nothing to cancel
+    browser.assert_clean()
+
+
+def test_a_waiting_job_says_why_and_when_and_an_ended_one_does_not(open_browser, stack, tmp_path, django_db_blocker):
+    """Tester's job runs; another user's high-priority job arrives: tester's page says it waits for it, how
+    much is ahead and when it should end. The offline worker is stopped meanwhile, so the page is read while
+    the backlog stands still; once the jobs end, the page says none of it."""
+
+    def may_ask_high(allowed: bool) -> None:
+        from django.contrib.auth import get_user_model
+
+        from jobs.models import UserShare
+
+        other = get_user_model().objects.get(username="other")
+        if allowed:
+            UserShare.objects.update_or_create(user=other, defaults={"max_priority": "high"})
+        else:
+            UserShare.objects.filter(user=other).delete()
+
+    browser = open_browser("tester")
+    page = browser.new_page()
+    browser.goto(page, "/jobs/")
+    mine = upload(page, write_csv(tmp_path, "tickets-april.csv", 600), "router")
+    wait_until(lambda: api_job(stack, mine)["done_rows"] > 0, 60, "tester's job to start")  # a rate is measured
+    in_db(django_db_blocker, lambda: may_ask_high(True))
+    try:
+        answer = requests.post(
+            f"{stack.url}/api/v1/jobs",
+            files={"file": ("escalations.csv", write_csv(tmp_path, "escalations.csv", 600).read_bytes(), "text/csv")},
+            data={"text_column": "text", "model": "router", "priority": "high"},
+            headers={"Authorization": f"Token {stack.other_token}"},
+            timeout=60,
+        )
+        assert answer.status_code == 202, answer.text
+        urgent = answer.json()["id"]
+        read = f"{stack.url}/api/v1/jobs/{urgent}"
+        other = {"Authorization": f"Token {stack.other_token}"}
+        wait_until(lambda: requests.get(read, headers=other, timeout=10).json()["status"] != "ingesting", 60, "read")
+        os.killpg(stack.offline.pid, signal.SIGSTOP)
+        try:
+            # The card refreshes itself every 2 s: it comes to say where the job stands.
+            expect(page.get_by_text(re.compile(r"^\s*Waiting: 1 job of higher priority\s*$")).first).to_be_visible()
+            standing = page.get_by_role("status", name="Where the job stands")
+            expect(standing).to_contain_text(re.compile(r"Chunks ahead\s*\d+ chunks?", re.I))
+            expect(standing).to_contain_text(re.compile(r"Time left\s*(\d+ s|\d+ min \d\d s)", re.I))
+            expect(page.get_by_text("Normal priority").first).to_be_visible()
+            browser.screenshot(page, "job-waiting")
+            listing = browser.new_page()
+            browser.goto(listing, "/jobs/")
+            row = listing.get_by_role("row").filter(has_text="tickets-april.csv").first
+            expect(row).to_contain_text("Normal")
+            expect(row).to_contain_text("waiting: 1 job of higher priority")
+            expect(row).to_contain_text(re.compile(r"\d+ chunks? ahead"))
+        finally:
+            os.killpg(stack.offline.pid, signal.SIGCONT)
+    finally:
+        in_db(django_db_blocker, lambda: may_ask_high(False))
+
+    wait_for_status(page, "succeeded", timeout_s=120)
+    expect(page.get_by_role("status", name="Where the job stands")).to_have_count(0)
+    expect(page.get_by_text(re.compile(r"waiting:|chunks ahead", re.I))).to_have_count(0)
     browser.assert_clean()
 
 

@@ -4,14 +4,33 @@ from __future__ import annotations
 
 import csv
 import io
+import re
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+import redis
 from django.urls import reverse
 
-from jobs.models import Job, JobRow, JobStatus, RowStatus
+import platform_.redis
+from jobs import quotas, scheduler
+from jobs.models import Chunk, Job, JobRow, JobStatus, Priority, RowStatus, UserShare
 from tests.jobs.factories import job_with_rows, user
 
 pytestmark = pytest.mark.django_db
+DB = 14  # this module's own Redis database (the job page reads the offline rate for its time left)
+
+
+@pytest.fixture(autouse=True)
+def own_redis(settings, redis_url, monkeypatch) -> redis.Redis:
+    """An empty Redis database of this module's own, and no standing cached by an earlier test."""
+    url = urlunsplit(urlsplit(redis_url)._replace(path=f"/{DB}"))
+    settings.REDIS_URL = url
+    monkeypatch.setattr(platform_.redis, "_sync", None)
+    monkeypatch.setattr(scheduler, "_cache", None)
+    client = redis.Redis.from_url(url, decode_responses=True)
+    client.flushdb()
+    yield client
+    client.flushdb()
 
 
 @pytest.fixture
@@ -91,3 +110,72 @@ def test_cancel_and_retry_actions(admin_client):
 def test_non_staff_cannot_open_the_admin(client):
     client.force_login(user("carol"))
     assert client.get(reverse("admin:jobs_job_changelist")).status_code == 302
+
+
+def waiting_job(owner, priority: str = Priority.NORMAL, chunks: int = 3) -> Job:
+    job = Job.objects.create(owner=owner, model="router", text_column="text", filename=f"{owner}.csv",
+                             status=JobStatus.QUEUED, priority=priority, total_rows=chunks * 10)  # fmt: skip
+    Chunk.objects.bulk_create(
+        Chunk(job=job, first_index=c * 10, end_index=(c + 1) * 10, cost_tokens=100) for c in range(chunks)
+    )
+    return job
+
+
+def test_staff_raise_a_jobs_priority_and_nothing_else_is_written(admin_client, monkeypatch):
+    alice_job = waiting_job(user("alice"))
+    bob_job = waiting_job(user("bob"))
+    changelist = reverse("admin:jobs_job_changelist")
+    listed = admin_client.get(changelist)
+    assert listed.status_code == 200 and "column-priority" in listed.content.decode()
+    assert admin_client.get(changelist, {"priority__exact": "high"}).context["cl"].result_count == 0
+
+    page = admin_client.get(reverse("admin:jobs_job_change", args=[bob_job.pk])).content.decode()
+    assert re.search(r"<select name=\"priority\"", page) and "Where it stands" in page
+    # A worker moves the job on while the form is open: saving the priority must not write back the old status.
+    Job.objects.filter(pk=bob_job.pk).update(status=JobStatus.RUNNING, done_rows=10)
+    saved = admin_client.post(
+        reverse("admin:jobs_job_change", args=[bob_job.pk]), {"priority": "high", "_save": "Save"}
+    )
+    assert saved.status_code == 302
+    bob_job.refresh_from_db()
+    assert (bob_job.priority, bob_job.status, bob_job.done_rows) == ("high", JobStatus.RUNNING, 10)
+    assert admin_client.get(changelist, {"priority__exact": "high"}).context["cl"].result_count == 1
+
+    # The scheduler goes by it: alice's job now waits for bob's (once the standings cached for 2 s are renewed).
+    monkeypatch.setattr(scheduler, "_cache", None)
+    assert scheduler.standing_of(alice_job).waiting_reason == "waiting: 1 job of higher priority"
+
+
+def test_staff_lower_a_priority_from_the_list(admin_client):
+    job = waiting_job(user("alice"))
+    form = {"form-TOTAL_FORMS": "1", "form-INITIAL_FORMS": "1", "form-0-id": str(job.pk), "form-0-priority": "low",
+            "_save": "Save"}  # fmt: skip
+    assert admin_client.post(reverse("admin:jobs_job_changelist"), form).status_code == 302
+    job.refresh_from_db()
+    assert job.priority == Priority.LOW and job.status == JobStatus.QUEUED
+
+
+def test_user_shares_are_set_and_searched_in_the_admin(admin_client):
+    alice, bob = user("alice"), user("bob")
+    waiting_job(alice, chunks=2)
+    added = admin_client.post(
+        reverse("admin:jobs_usershare_add"),
+        {"user": alice.pk, "weight": "3", "max_priority": "high", "max_queued_rows": "", "max_unfinished_jobs": "5"},
+    )
+    assert added.status_code == 302, added.content.decode()[:2000]
+    UserShare.objects.create(user=bob, weight=0.5)
+    share = quotas.share_of(alice)
+    assert (share.weight, share.max_priority, share.max_unfinished_jobs) == (3.0, "high", 5)
+
+    changelist = reverse("admin:jobs_usershare_changelist")
+    html = admin_client.get(changelist).content.decode()
+    # Empty fields say which default applies; the use the quotas are checked against is beside them.
+    assert "default (2,000,000)" in html and "1 job · 20 rows" in html
+    found = admin_client.get(changelist, {"q": "ali"}).context["cl"].result_list
+    assert [s.user.username for s in found] == ["alice"]
+    form = admin_client.get(reverse("admin:jobs_usershare_change", args=[share_id(alice)])).content.decode()
+    assert "empty: 2,000,000 (settings)" in form
+
+
+def share_id(person) -> int:
+    return UserShare.objects.get(user=person).pk

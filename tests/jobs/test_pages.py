@@ -7,17 +7,53 @@ inside the test's transaction, so Cancel and Retry change the database only, as 
 from __future__ import annotations
 
 import re
+import time
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+import redis
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs.models import Chunk, ChunkStatus, Job, JobRow, JobStatus, RowStatus
+import platform_.redis
+from jobs import scheduler
+from jobs.keys import offline_rows_field
+from jobs.models import Chunk, ChunkStatus, Job, JobRow, JobStatus, Priority, RowStatus, UserShare
 from jobs.views import duration_text
+from observability.metrics import write_pipeline
 from tests.jobs.factories import job_with_rows, user
 
 pytestmark = pytest.mark.django_db
+DB = 13  # this module's own Redis database: the offline rate behind each ETA is what these tests write there
+
+
+@pytest.fixture(autouse=True)
+def own_redis(settings, redis_url, monkeypatch) -> redis.Redis:
+    """Pages read the measured offline rate from Redis: a database of this module's own, empty at the start;
+    and no standing cached by an earlier test (the scheduler keeps them for 2 s)."""
+    url = urlunsplit(urlsplit(redis_url)._replace(path=f"/{DB}"))
+    settings.REDIS_URL = url
+    monkeypatch.setattr(platform_.redis, "_sync", None)
+    monkeypatch.setattr(scheduler, "_cache", None)
+    client = redis.Redis.from_url(url, decode_responses=True)
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
+def offline_rate(client: redis.Redis, rows_per_s: int, seconds: int = 5) -> None:
+    """As the offline workers write: `rows_per_s` rows in each of the last few seconds."""
+    now = int(time.time())
+    pipe = client.pipeline(transaction=False)
+    for second in range(now - seconds, now):
+        write_pipeline(pipe, {offline_rows_field("router"): rows_per_s}, now=second)
+    pipe.execute()
+
+
+def text_of(html: str) -> str:
+    """The page's text as a person reads it: tags dropped, spaces collapsed."""
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
 @pytest.fixture
@@ -123,9 +159,9 @@ def test_labels_summary_and_review_link(client):
     assert review.status_code == 200 and [r.index for r in review.context["cl"].result_list] == [1, 3]
 
 
-def test_the_list_shows_eta_failed_and_refreshes_from_a_fragment(client, alice):
-    job = running_job(alice)
-    Job.objects.filter(pk=job.pk).update(rows_per_s=17.0)  # 85 rows left at 17 rows/s: 5 s
+def test_the_list_shows_eta_failed_and_refreshes_from_a_fragment(client, alice, own_redis):
+    running_job(alice)
+    offline_rate(own_redis, 17)  # 85 rows left, nothing else waiting, the workers write 17 rows/s: 5 s
     page = client.get(reverse("jobs:list")).content.decode()
     assert 'id="job-rows"' in page and "setTimeout(refresh" in page
     fragment = client.get(reverse("jobs:list-rows"))
@@ -165,3 +201,85 @@ def test_an_upload_error_keeps_the_fields_and_asks_for_the_file_again(client, al
 
 def test_durations_read_as_a_person_would():
     assert [duration_text(s) for s in (None, 4.4, 65, 7325)] == ["–", "4 s", "1 min 05 s", "2 h 02 min"]
+
+
+def waiting_job(owner, priority: str, chunks: int, rows_per_chunk: int = 32, status: str = JobStatus.QUEUED) -> Job:
+    """A job whose chunks wait in the database for the scheduler (none sent yet)."""
+    rows = chunks * rows_per_chunk
+    job = Job.objects.create(owner=owner, model="router", text_column="text", filename=f"{owner}-{priority}.csv",
+                             status=status, priority=priority, total_rows=rows)  # fmt: skip
+    JobRow.objects.bulk_create(JobRow(job=job, index=i, text=f"row {i}") for i in range(rows))
+    Chunk.objects.bulk_create(
+        Chunk(job=job, first_index=c * rows_per_chunk, end_index=(c + 1) * rows_per_chunk, cost_tokens=400)
+        for c in range(chunks)
+    )
+    return job
+
+
+def test_a_waiting_job_shows_its_priority_and_where_it_stands(client, alice, own_redis):
+    mine = waiting_job(alice, Priority.NORMAL, chunks=4)
+    urgent = waiting_job(user("bob"), Priority.HIGH, chunks=3)
+    offline_rate(own_redis, 64)
+    standing = scheduler.standing_of(mine)
+    assert standing.chunks_ahead >= 1 and standing.eta_s is not None  # bob's high-priority chunks go first
+
+    page = text_of(client.get(reverse("jobs:detail", args=[mine.pk])).content.decode())
+    assert "Normal priority" in page and "Priority Normal" in page
+    assert "Waiting: 1 job of higher priority" in page
+    assert f"Chunks ahead {standing.chunks_ahead} chunk" in page
+    assert f"Rows ahead {standing.rows_ahead:,} rows" in page
+    assert f"Time left {duration_text(standing.eta_s)}" in page
+    # The card that refreshes itself says the same.
+    fragment = text_of(client.get(reverse("jobs:summary", args=[mine.pk])).content.decode())
+    assert "Waiting: 1 job of higher priority" in fragment and f"Time left {duration_text(standing.eta_s)}" in fragment
+
+    # The list: each job's priority, why it waits, and how many chunks go before its next one.
+    rows = text_of(client.get(reverse("jobs:list-rows")).content.decode())
+    assert f"{mine.filename} router alice Normal Queued waiting: 1 job of higher priority" in rows
+    assert f"{standing.chunks_ahead} chunk" in rows and duration_text(standing.eta_s) in rows
+
+    # The high-priority job has nothing ahead of it (bob sees his own job).
+    client.force_login(urgent.owner)
+    first = text_of(client.get(reverse("jobs:detail", args=[urgent.pk])).content.decode())
+    assert "High priority" in first and "Nothing ahead of it" in first and "Chunks ahead 0 chunks" in first
+
+
+def test_an_ended_job_shows_no_standing(client, alice, own_redis):
+    offline_rate(own_redis, 64)
+    waiting_job(user("bob"), Priority.HIGH, chunks=3)  # other work waits, but not before an ended job
+    job = job_with_rows(alice)
+    page = text_of(client.get(reverse("jobs:detail", args=[job.pk])).content.decode())
+    assert "Normal priority" in page and "Time left ended" in page
+    assert "Chunks ahead" not in page and "Rows ahead" not in page and "waiting" not in page.lower()
+    row = [r for r in client.get(reverse("jobs:list-rows")).content.decode().split("<tr") if job.filename in r][0]
+    assert "waiting" not in row and "chunk" not in text_of(row)
+
+
+def test_a_job_with_no_measured_rate_says_its_time_left_is_not_known(client, alice):
+    job = waiting_job(alice, Priority.LOW, chunks=2)
+    page = text_of(client.get(reverse("jobs:detail", args=[job.pk])).content.decode())
+    assert "Low priority" in page and "Time left not known yet" in page and "Chunks ahead 0 chunks" in page
+
+
+def test_the_upload_form_offers_the_priorities_the_user_may_ask_for(client, alice):
+    html = client.get(reverse("jobs:list")).content.decode()
+    assert re.search(r'<select name="priority"[^>]*aria-describedby="id_priority_helptext"', html)
+    assert "higher is served first; a lower priority still advances" in html
+    # Normal is the highest an ordinary user may ask for (JOBS_DEFAULT_MAX_PRIORITY); staff may raise it.
+    assert '<option value="normal" selected>' in html and '<option value="low">' in html
+    assert '<option value="high">' not in html
+    UserShare.objects.create(user=alice, max_priority=Priority.HIGH)
+    assert '<option value="high">' in client.get(reverse("jobs:list")).content.decode()
+
+
+def test_a_quota_refusal_is_said_above_the_form(client, alice):
+    UserShare.objects.create(user=alice, max_unfinished_jobs=1)
+    waiting_job(alice, Priority.NORMAL, chunks=1)
+    csv = SimpleUploadedFile("more.csv", b"text\nhello\n", content_type="text/csv")
+    answer = client.post(reverse("jobs:list"), {"model": "router", "encoding": "utf-8", "file": csv})
+    html = answer.content.decode()
+    assert answer.status_code == 429
+    alert = text_of(re.search(r'<div class="form-error" role="alert">(.*?)</div>', html, re.S).group(1))
+    assert "The job was not created. Quota of unfinished jobs reached: you have 1 jobs not yet ended" in alert
+    assert "may have at most 1" in alert and "choose the CSV file again" in alert and "marked below" not in alert
+    assert Job.objects.count() == 1

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 import json
 import time
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+import platform_.redis
 from inference.keys import WORKERS_KEY
 from inference.registry import get_registry
+from jobs import monitoring, scheduler
+from jobs.keys import offline_queued_rows_field, offline_user_rows_field
+from jobs.models import Job, JobStatus
 from observability import registry
 from observability.dashboard import SERIES_S, SERIES_STEP_S, dashboard_data
 from observability.keys import GAUGES_KEY, second_key
 from observability.metrics import STATUS_CLASSES, request_fields, write_pipeline
 from observability.sampler import host_gauges, sample_once
+from tests.jobs.factories import user
 
 DB = 12  # this module's own Redis database (the `client` fixture, tests/observability/conftest.py)
 
@@ -98,3 +104,55 @@ def test_apps_registered_their_rules_gauges_and_sections():
     assert names[:2] == ["backlog_growing", "workers_missing"]
     assert {"shared_dependency", "offline_stalled", "host_saturated"} <= set(names)
     assert len(registry.gauge_sources()) == 2 and len(registry.dashboard_sections()) == 2
+
+
+@pytest.mark.django_db
+def test_offline_work_per_user_and_priority(client, settings, redis_url, monkeypatch):
+    # The standings' offline rate is read through the process's client: pointed at this module's database.
+    settings.REDIS_URL = urlunsplit(urlsplit(redis_url)._replace(path=f"/{DB}"))
+    monkeypatch.setattr(platform_.redis, "_sync", None)
+    monkeypatch.setattr(scheduler, "_cache", None)
+    alice, bob, carol = user("alice"), user("bob"), user("carol")
+
+    def job(owner, priority: str, status: str, total: int, done: int = 0) -> Job:
+        return Job.objects.create(owner=owner, model="router", status=status, priority=priority, total_rows=total,
+                                  done_rows=done, failed_rows=1 if done else 0)  # fmt: skip
+
+    job(alice, "normal", JobStatus.RUNNING, 1000, done=300)  # 699 rows to go
+    job(alice, "normal", JobStatus.QUEUED, 200)
+    job(alice, "high", JobStatus.QUEUED, 50)
+    job(bob, "low", JobStatus.QUEUED, 80)
+    job(bob, "low", JobStatus.INGESTING, 0)  # still being read: nothing waits for a worker yet
+    job(carol, "normal", JobStatus.SUCCEEDED, 120, done=119)
+    now = int(time.time())
+    pipe = client.pipeline(transaction=False)
+    for second in range(now - 60, now):  # the last complete minute: alice 3 rows/s, carol 1 row/s until her job ended
+        write_pipeline(pipe, {offline_user_rows_field("alice", "normal"): 3}, now=second)
+        if second < now - 40:
+            write_pipeline(pipe, {offline_user_rows_field("carol", "normal"): 3}, now=second)
+    pipe.execute()
+
+    data = dashboard_data(client, now=now + 0.5)
+    assert data["offline_users"] == [
+        {"user": "alice", "priority": "high", "jobs": 1, "rows_queued": 50, "rows_per_s": 0.0},
+        {"user": "alice", "priority": "normal", "jobs": 2, "rows_queued": 899, "rows_per_s": 3.0},
+        {"user": "carol", "priority": "normal", "jobs": 0, "rows_queued": 0, "rows_per_s": 1.0},
+        {"user": "bob", "priority": "low", "jobs": 1, "rows_queued": 80, "rows_per_s": 0.0},
+    ]
+    # Each running job says its priority and where it stands.
+    assert {(j["owner"], j["priority"]) for j in data["jobs"]} == {
+        ("alice", "normal"),
+        ("alice", "high"),
+        ("bob", "low"),
+    }
+    assert all({"eta_s", "chunks_ahead", "rows_ahead", "waiting_reason"} <= set(j) for j in data["jobs"])
+
+    # The sampled gauge: users with live jobs only; a field left from a user whose jobs ended goes.
+    client.hset(GAUGES_KEY, offline_queued_rows_field("dave", "normal"), 12)
+    gauges = monitoring.gauges(client)
+    assert {k: v for k, v in gauges.items() if k.startswith("gauge|oqrows|")} == {
+        offline_queued_rows_field("alice", "high"): 50.0,
+        offline_queued_rows_field("alice", "normal"): 899.0,
+        offline_queued_rows_field("bob", "low"): 80.0,
+    }
+    assert client.hget(GAUGES_KEY, offline_queued_rows_field("dave", "normal")) is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from jobs.keys import offline_queued_rows_field, offline_user_rows_field
 from observability import metrics
 from observability.keys import TOTAL_KEY, second_key
 from observability.prometheus import render
@@ -87,6 +88,29 @@ def test_prometheus_text_has_counters_cumulative_histograms_and_gauges():
     assert "# TYPE inference_stage_latency_seconds histogram" in text
     # The names the KEDA trigger and the docs query, exactly as written there.
     assert 'platform_queue_depth{queue="online",state="waiting"} 3.0' in text
+
+
+def test_offline_work_per_user_and_priority_on_metrics():
+    totals = {
+        offline_user_rows_field("alice", "high"): 40,
+        offline_user_rows_field("bob", "normal"): 7,
+        "orows|router": 47,
+    }
+    # Only users with live jobs have a queued-rows gauge (the sampler drops the others' fields).
+    gauges = {offline_queued_rows_field("alice", "high"): 60, "gauge|offline|waiting": 2}
+    text = render(totals, gauges)
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    assert samples[("offline_user_rows_total", (("priority", "high"), ("user", "alice")))] == 40
+    assert samples[("offline_user_rows_total", (("priority", "normal"), ("user", "bob")))] == 7
+    assert samples[("offline_queued_rows", (("priority", "high"), ("user", "alice")))] == 60
+    assert [k for k in samples if k[0] == "offline_queued_rows"] == [
+        ("offline_queued_rows", (("priority", "high"), ("user", "alice")))
+    ]
+    assert "# TYPE offline_user_rows_total counter" in text and "# TYPE offline_queued_rows gauge" in text
 
 
 @pytest.mark.parametrize(

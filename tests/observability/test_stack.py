@@ -15,6 +15,7 @@ import requests
 from inference.diagnosis import BACKLOG_MIN
 from observability.keys import GAUGES_KEY, TOTAL_KEY
 from tests.conftest import ROOT, wait_until
+from tests.jobs.test_jobs_api import get_job, make_csv, upload
 
 pytestmark = pytest.mark.integration
 
@@ -141,6 +142,43 @@ def test_dashboard_needs_staff_and_shows_live_figures(stack):
     assert data["requests"]["minute"]["2xx"] > 0 and len(data["series"]["status_per_s"]["2xx"]) == 180
     assert all(w["last_beat_s_ago"] < 15 and w["started_at"] < data["now"] for w in data["workers"])
     assert data["verdict"]["text"]
+
+
+def metric_samples(text: str) -> dict[str, float]:
+    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if line and line[0] != "#")}
+
+
+def test_offline_work_per_user_on_metrics_and_the_dashboard(stack):
+    """A user's job: its rows queued on /metrics while it waits (the offline worker is stopped), its rows
+    written counted once it runs, its rate on the dashboard; the queued gauge goes when the job ends."""
+    queued = 'offline_queued_rows{priority="low",user="third"}'
+    written = 'offline_user_rows_total{priority="low",user="third"}'
+    before = metric_samples(scrape_metrics(stack)).get(written, 0.0)
+    answer = upload(stack, make_csv(3000), token=stack.third_token, priority="low")
+    assert answer.status_code == 202, answer.text
+    job_id = answer.json()["id"]
+    wait_until(lambda: get_job(stack, job_id, stack.third_token)["status"] != "ingesting", 60, "the file read")
+    os.killpg(stack.offline.pid, signal.SIGSTOP)  # the job waits: the online worker's sampler still samples
+    try:
+
+        def gauge_matches() -> bool:
+            job = get_job(stack, job_id, stack.third_token)
+            left = job["total_rows"] - job["done_rows"] - job["failed_rows"]
+            return metric_samples(scrape_metrics(stack)).get(queued) == left > 0
+
+        wait_until(gauge_matches, 15, "the job's rows to go on /metrics")
+    finally:
+        os.killpg(stack.offline.pid, signal.SIGCONT)
+    ended = ("succeeded", "partial", "failed", "cancelled")
+    job = wait_until(lambda: (j := get_job(stack, job_id, stack.third_token))["status"] in ended and j, 120, "its end")
+    assert job["status"] == "succeeded"
+    after = metric_samples(scrape_metrics(stack))
+    assert after.get(written, 0.0) - before >= job["done_rows"] == 3000
+    wait_until(lambda: queued not in metric_samples(scrape_metrics(stack)), 10, "the gauge to go with the job")
+
+    data = stack.browser_login("boss").get(f"{stack.url}/dashboard/data.json", timeout=10).json()
+    (mine,) = [u for u in data["offline_users"] if (u["user"], u["priority"]) == ("third", "low")]
+    assert mine["rows_queued"] == 0 and mine["rows_per_s"] > 0  # written within the last minute
 
 
 def test_a_504_lands_in_the_slow_request_log(stack):
