@@ -226,16 +226,20 @@ def main() -> None:
     parser.add_argument("--online-rate", type=float, default=10.0, help="online requests per second (scenario 6)")
     parser.add_argument("--online-s", type=float, default=20.0)
     parser.add_argument("--label", default="", help="a name for this run in the output (e.g. before, after)")
+    parser.add_argument(
+        "--scenarios", default="1,2,3,4,5", help="which to run (comma-separated; 5 includes 6); 2 and 3 need 1"
+    )
     parser.add_argument("--out", default=str(HERE / "out" / "offline_fairness.json"))
     args = parser.parse_args()
 
     clients = {name: Client(args.url, token) for name, token in bench_users().items()}
+    chosen = {int(n) for n in args.scenarios.split(",") if n.strip()}
     report: dict = {"label": args.label, "url": args.url}
     alone_s, _ = small_job(clients["bench-b"], args.timeout_s, 1)
     report["small_alone_s"] = alone_s
     print(f"1. B's 20-row job alone: {alone_s:.2f} s" if alone_s else "1. B's 20-row job alone: did not end")
     for key, rows in (("beside_big", args.big_rows), ("beside_huge", args.huge_rows)):
-        if key == "beside_huge" and args.skip_huge:
+        if (key == "beside_huge" and (args.skip_huge or 3 not in chosen)) or (key == "beside_big" and 2 not in chosen):
             continue
         result = beside(clients, rows, args.timeout_s, seed=10 if key == "beside_big" else 20)
         report[key] = result
@@ -246,10 +250,12 @@ def main() -> None:
             f"2. B's 20-row job beside A's {rows}-row job: {shown}; A had {result['big_done_at_small_end']} rows done"
             f"; B's job on upload: {result['small_first_answer']}"
         )
-    report["priority"] = priority(clients, args.big_rows, args.timeout_s * 5)
-    print(f"4. high-priority 1,000 rows beside a normal {args.big_rows}-row job: {report['priority']}")
-    report["sharing"] = sharing(clients, args.url, args)
-    print(f"5/6. four users at once against one job alone, online beside: {report['sharing']}")
+    if 4 in chosen:
+        report["priority"] = priority(clients, args.big_rows, args.timeout_s * 5)
+        print(f"4. high-priority 1,000 rows beside a normal {args.big_rows}-row job: {report['priority']}")
+    if 5 in chosen:
+        report["sharing"] = sharing(clients, args.url, args)
+        print(f"5/6. four users at once against one job alone, online beside: {report['sharing']}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

@@ -27,8 +27,9 @@ from django.views.decorators.http import require_POST
 
 from inference.labels import labels_for
 from jobs import export, lifecycle, quotas, scheduler
+from jobs.batches import batch_object
 from jobs.display import ahead_texts, answer_html, duration_text, input_html, time_left_text
-from jobs.models import TERMINAL, CallbackSecret, Job, JobRow, JobStatus, RowStatus, UserShare
+from jobs.models import TERMINAL, Batch, CallbackSecret, Job, JobRow, JobStatus, RowStatus, UserShare
 
 # One product: the admin is branded as the platform and links back to its pages (templates/admin/base_site.html).
 admin.site.site_header = "Inference platform"
@@ -87,6 +88,7 @@ class JobAdmin(admin.ModelAdmin):
     list_display = [
         "id",
         "filename",
+        "batch_ref",
         "status",
         "priority",
         "progress_bar",
@@ -96,12 +98,12 @@ class JobAdmin(admin.ModelAdmin):
         "created",
         "rows_link",
     ]
-    list_filter = ["status", "priority", "model", "owner", "created_at"]
+    list_filter = ["status", "priority", "file_format", "model", "owner", "created_at"]
     # Staff raise or lower a job from the list too; each change is saved alone (save_model).
     list_editable = ["priority"]
-    search_fields = ["filename", "owner__username", "error"]
+    search_fields = ["filename", "owner__username", "error", "batch__public_id"]
     date_hierarchy = "created_at"
-    list_select_related = ["owner"]
+    list_select_related = ["owner", "batch"]
     empty_value_display = NOT_STORED
     actions = ["cancel_jobs", "retry_failed_rows", "export_results"]
     fieldsets = [
@@ -118,14 +120,18 @@ class JobAdmin(admin.ModelAdmin):
                     "progress_bar",
                     "label_summary",
                     "error",
+                    "error_details",
                 ]
             },
         ),
+        # A job created by POST /v1/batches: what the OpenAI Batch API shows of it (jobs/batches.py).
+        ("Batch", {"fields": ["batch_summary"]}),
         ("Timing", {"fields": ["created", "started", "finished", "elapsed", "rows_per_s_shown", "eta"]}),
         (
             "Upload",
             {
                 "fields": [
+                    "file_format",
                     "text_column",
                     "input_columns",
                     "id_column",
@@ -158,6 +164,7 @@ class JobAdmin(admin.ModelAdmin):
     readonly_fields = [
         *(f.name for f in Job._meta.fields if f.name not in EDITABLE_JOB_FIELDS),
         "standing",
+        "batch_summary",
         "progress_bar",
         "label_summary",
         "created",
@@ -172,6 +179,28 @@ class JobAdmin(admin.ModelAdmin):
     ]
 
     # Columns and read-only fields ---------------------------------------------------------------
+
+    @admin.display(description="batch", ordering="batch__public_id")
+    def batch_ref(self, job: Job) -> str:
+        batch = getattr(job, "batch", None)
+        return batch.public_id if batch else ""
+
+    @admin.display(description="batch")
+    def batch_summary(self, job: Job) -> str:
+        batch = Batch.objects.filter(job=job).select_related("job", "input_file", "output_file", "error_file").first()
+        if batch is None:
+            return "not a batch"
+        shown = batch_object(batch)
+        files = ", ".join(
+            f"{name} {shown[key]}"
+            for name, key in (("input", "input_file_id"), ("output", "output_file_id"), ("errors", "error_file_id"))
+            if shown[key]
+        )
+        counts = shown["request_counts"]
+        return (
+            f"{batch.public_id} · {shown['status']} · {batch.endpoint} · {counts['completed']} of {counts['total']} "
+            f"requests completed, {counts['failed']} failed · files: {files or 'none yet'}"
+        )
 
     @admin.display(description="progress")
     def progress_bar(self, job: Job) -> str:
@@ -322,7 +351,7 @@ class JobAdmin(admin.ModelAdmin):
         return {
             "can_operate": allowed,
             "can_cancel": allowed and not job.is_terminal,
-            "can_retry": allowed and job.is_terminal and job.failed_rows > 0,
+            "can_retry": allowed and job.retryable,
             "rows_url": rows_url(job.pk),
             "low_confidence_url": rows_url(job.pk, low_confidence__exact="1"),
             "low_confidence_rows": job.rows.filter(low_confidence=True).count(),

@@ -41,7 +41,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs import enqueue
-from jobs.models import CallbackSecret, CallbackStatus, Job
+from jobs.models import Batch, CallbackSecret, CallbackStatus, FileFormat, Job
 
 logger = logging.getLogger(__name__)
 
@@ -222,7 +222,7 @@ def payload(job: Job) -> dict[str, Any]:
     def when(value: datetime | None) -> str | None:
         return value.isoformat() if value else None
 
-    return {
+    summary = {
         "event": "job.ended",
         "id": job.pk,
         "status": job.status,
@@ -237,6 +237,13 @@ def payload(job: Job) -> dict[str, Any]:
         "error": job.error,
         "links": {"self": link("job-detail"), "results": link("job-results"), "results_csv": link("job-results-csv")},
     }
+    batch = Batch.objects.filter(job=job).select_related("job", "input_file", "output_file", "error_file").first()
+    if batch is not None:  # batch.completed, batch.failed, batch.expired or batch.cancelled, with the batch object
+        from jobs.batches import batch_object
+
+        shown = batch_object(batch)
+        summary.update(event=f"batch.{shown['status']}", batch=shown)
+    return summary
 
 
 def body_of(job: Job) -> bytes:
@@ -331,6 +338,8 @@ def schedule(job: Job, **_: Any) -> None:
     """
     if not job.callback_url or job.finished_at is None:
         return
+    if job.file_format == FileFormat.BATCH and not Batch.objects.filter(job=job, finalized_at__isnull=False).exists():
+        return  # a batch calls back once its output files are written (jobs/batches.finalize calls this again)
     fields: dict[str, Any] = {
         "callback_status": CallbackStatus.PENDING,
         "callback_attempts": 0,

@@ -1,4 +1,5 @@
-"""Results out of a job: filtered row querysets and a streamed CSV (memory stays flat for any job size).
+"""Results out of a job: filtered row querysets and streamed downloads, one Writer class per format (CSV for
+spreadsheets, JSON lines for programs); memory stays flat for any job size.
 
 The CSV is for spreadsheets, so user-supplied cells that would run as formulas are neutralised; the
 JSON results (jobs/api) carry the raw text. Its columns follow the model's task: a text task's label
@@ -12,7 +13,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from django.db.models import Exists, OuterRef, QuerySet
 from django.http import StreamingHttpResponse
@@ -130,6 +131,57 @@ class _Echo:
         return value
 
 
+def models_of(rows: QuerySet[JobRow]) -> set[str]:
+    """The models of the jobs these rows belong to: one index probe per job, not a scan of the rows."""
+    jobs = Job.objects.filter(Exists(rows.order_by().filter(job_id=OuterRef("pk"))))
+    return set(jobs.values_list("model", flat=True))
+
+
+class Writer(Protocol):
+    """A results format: what a download of rows is called and how its text is made, a block at a time."""
+
+    content_type: str
+    extension: str
+
+    def lines(self, rows: QuerySet[JobRow], block_rows: int = 1000) -> Iterator[str]: ...
+
+
+class CsvWriter:
+    """For spreadsheets: columns by the rows' task (LAYOUTS), formula-like cells neutralised."""
+
+    content_type = "text/csv; charset=utf-8"
+    extension = "csv"
+
+    def lines(self, rows: QuerySet[JobRow], block_rows: int = 1000) -> Iterator[str]:
+        return csv_lines(rows, block_rows, layout_for_models(models_of(rows)))
+
+
+class JsonlWriter:
+    """For programs: one JSON object per row, the raw values as the JSON results API gives them (the row's
+    `inputs` and the model's `output` as objects, nothing neutralised), plus its job."""
+
+    content_type = "application/jsonl; charset=utf-8"
+    extension = "jsonl"
+    FIELDS = (
+        "job_id", "index", "external_id", "text", "inputs", "status", "label", "score", "output", "error",
+        "attempts", "low_confidence", "corrected_label",
+    )  # fmt: skip
+
+    def lines(self, rows: QuerySet[JobRow], block_rows: int = 1000) -> Iterator[str]:
+        block: list[str] = []
+        for values in rows.values(*self.FIELDS).iterator(chunk_size=2000):
+            values["job"] = values.pop("job_id")
+            block.append(json.dumps(values, ensure_ascii=False, separators=(",", ":")) + "\n")
+            if len(block) >= block_rows:
+                yield "".join(block)
+                block = []
+        if block:
+            yield "".join(block)
+
+
+WRITERS: dict[str, Writer] = {"csv": CsvWriter(), "jsonl": JsonlWriter()}
+
+
 def csv_lines(
     rows: QuerySet[JobRow], block_rows: int = 1000, columns: tuple[Column, ...] = TEXT_COLUMNS
 ) -> Iterator[str]:
@@ -145,16 +197,12 @@ def csv_lines(
         yield "".join(block)
 
 
-def models_of(rows: QuerySet[JobRow]) -> set[str]:
-    """The models of the jobs these rows belong to: one index probe per job, not a scan of the rows."""
-    jobs = Job.objects.filter(Exists(rows.order_by().filter(job_id=OuterRef("pk"))))
-    return set(jobs.values_list("model", flat=True))
+def response(rows: QuerySet[JobRow], stem: str, writer: Writer) -> StreamingHttpResponse:
+    """The rows as a streamed download `<stem>.<extension>` in the writer's format, in job and row order."""
+    streamed = StreamingHttpResponse(writer.lines(rows.order_by("job_id", "index")), content_type=writer.content_type)
+    streamed["Content-Disposition"] = f'attachment; filename="{stem}.{writer.extension}"'
+    return streamed
 
 
 def csv_response(rows: QuerySet[JobRow], filename: str) -> StreamingHttpResponse:
-    columns = layout_for_models(models_of(rows))
-    response = StreamingHttpResponse(
-        csv_lines(rows.order_by("job_id", "index"), columns=columns), content_type="text/csv; charset=utf-8"
-    )
-    response["Content-Disposition"] = f'attachment; filename="{filename}"'
-    return response
+    return response(rows, filename.removesuffix(".csv"), WRITERS["csv"])

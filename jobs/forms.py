@@ -14,9 +14,12 @@ class UploadForm(forms.Form):
     """The web page's upload form; the API takes the same fields."""
 
     file = forms.FileField(
-        label="CSV file",
-        help_text="with a header row; comma, semicolon or tab separated",
-        widget=forms.ClearableFileInput(attrs={"accept": ".csv,.tsv,.txt,text/csv,text/plain"}),
+        label="CSV or JSON lines file",
+        help_text="CSV with a header row (comma, semicolon or tab separated), or a .jsonl file of one JSON object "
+        "per line, its fields named like the columns",
+        widget=forms.ClearableFileInput(
+            attrs={"accept": ".csv,.tsv,.txt,.jsonl,.ndjson,text/csv,text/plain,application/jsonl"}
+        ),
     )
     model = forms.ChoiceField()
     # Left blank, the text column is "text"; not prefilled, so that a question-answering upload (which

@@ -48,9 +48,11 @@ class IngestError(Exception):
     a column field was wrong.
     """
 
-    def __init__(self, message: str, status: int = 400, field: str = "file") -> None:
+    def __init__(self, message: str, status: int = 400, field: str = "file", details: list[dict] | None = None) -> None:
         super().__init__(message)
         self.message, self.status, self.field = message, status, field
+        # The file's problems line by line ({"line", "code", "message", "param"}), when a reader lists them.
+        self.details = details or []
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,15 @@ from django.utils import timezone
 from inference.registry import ModelSpec, get_registry
 from inference.task_io import takes_text
 from inference.tokens import token_counts
-from jobs import enqueue, quotas, readers, scheduler
+from jobs import enqueue, files, quotas, readers, scheduler
+from jobs.files import PartsGone, PartsReader
 from jobs.ingest import IngestError, IngestLimits, in_task_order, input_columns
-from jobs.models import Chunk, Job, JobRow, JobStatus, Priority, RowStatus, UploadPart
+from jobs.models import Batch, Chunk, FileFormat, FilePart, Job, JobRow, JobStatus, Priority, RowStatus, UploadPart
 from platform_.errors import ApiError
 
 logger = logging.getLogger(__name__)
 # Bytes per stored slice of an upload: one row each, read back one at a time by the ingest task.
-UPLOAD_PART_BYTES = 1024 * 1024
+UPLOAD_PART_BYTES = files.PART_BYTES
 
 
 def ingest_limits() -> IngestLimits:
@@ -51,6 +52,7 @@ def create_job(
     delimiter: str | None = None,
     callback_url: str = "",
     priority: str = Priority.NORMAL,
+    file_format: str = FileFormat.CSV,
 ) -> Job:
     """Check the file's start, store it and queue its ingest; the job answers `ingesting`.
 
@@ -66,16 +68,8 @@ def create_job(
     share = quotas.share_of(owner)
     quotas.check_priority(share, priority)
     quotas.check_new_job(owner, share)
-    # Ingests run on the offline worker one at a time: one user queueing dozens would hold every
-    # other user's upload behind them. Each user may have this many files waiting to be read.
-    reading = Job.objects.filter(owner=owner, status=JobStatus.INGESTING).count()
-    if reading >= settings.JOBS_MAX_INGESTING_PER_USER:
-        raise IngestError(
-            f"you already have {reading} uploads being read (the limit is {settings.JOBS_MAX_INGESTING_PER_USER}"
-            " per user); wait until one is queued, or cancel one",
-            status=429,
-        )
-    reader = readers.from_upload({"encoding": encoding, "delimiter": delimiter})
+    check_reading(owner)
+    reader = readers.from_upload({"encoding": encoding, "delimiter": delimiter, "file_format": file_format})
     checked = reader.check_start(upload, columns=mapping, id_column=id_column, limits=ingest_limits())
     upload.seek(0)
     # Text tasks keep their column in `text_column`, as every job before structured inputs did.
@@ -96,8 +90,38 @@ def create_job(
         )
         job.upload_bytes = store_upload(job, upload)
         Job.objects.filter(pk=job.pk).update(upload_bytes=job.upload_bytes)
-        enqueue_ingest(job.pk)
+    ingest_soon(job)
     return job
+
+
+def check_reading(owner) -> None:
+    """429 when the user has JOBS_MAX_INGESTING_PER_USER files being read already.
+
+    Ingests run on the offline worker one at a time: one user queueing dozens would hold every other
+    user's upload behind them.
+    """
+    reading = Job.objects.filter(owner=owner, status=JobStatus.INGESTING).count()
+    if reading >= settings.JOBS_MAX_INGESTING_PER_USER:
+        raise IngestError(
+            f"you already have {reading} uploads being read (the limit is {settings.JOBS_MAX_INGESTING_PER_USER}"
+            " per user); wait until one is queued, or cancel one",
+            status=429,
+        )
+
+
+def ingest_soon(job: Job) -> None:
+    """Read the job's stored file: here and now when it is small, else by an offline worker.
+
+    A small file is read in the request, so its chunks reach the fair share at once: an ingest message
+    would wait on the offline child behind the batch it is running (seconds beside a big job), longer
+    than the small job itself. A request that dies here leaves the job `ingesting` with its file
+    stored, and the reconciler queues its ingest.
+    """
+    if job.upload_bytes <= settings.JOBS_INLINE_INGEST_BYTES:
+        run_ingest(job.pk)
+        job.refresh_from_db()
+    else:
+        enqueue_ingest(job.pk)
 
 
 def store_upload(job: Job, upload: IO[bytes]) -> int:
@@ -116,42 +140,17 @@ def enqueue_ingest(job_id: int) -> None:
     enqueue.ingest_after_commit(job_id)
 
 
-class UploadGone(Exception):
-    """The stored upload disappeared while being read: the job was cancelled or failed meanwhile."""
+def _stored_parts(job: Job):
+    """The slices the job's file is read from: its own upload's, or (a batch) its input file's."""
+    if job.file_format == FileFormat.BATCH:
+        file_id = Batch.objects.filter(job=job).values_list("input_file_id", flat=True).first()
+        return FilePart.objects.filter(file_id=file_id)
+    return UploadPart.objects.filter(job=job)
 
 
-class StoredUpload:
-    """The stored slices of a job's upload, read back in order as one binary stream."""
-
-    def __init__(self, job_id: int) -> None:
-        self.job_id = job_id
-        self.parts = UploadPart.objects.filter(job_id=job_id).count()
-        self.seq = 0
-        self.part = b""
-        self.offset = 0  # into self.part
-        self.bytes_read = 0
-
-    def read(self, size: int = -1) -> bytes:
-        """Up to `size` bytes (fewer only at the end of the upload); b"" at the end."""
-        wanted = size if size >= 0 else 1 << 62
-        out: list[bytes] = []
-        got = 0
-        while got < wanted:
-            if self.offset >= len(self.part):
-                if self.seq >= self.parts:
-                    break
-                data = (
-                    UploadPart.objects.filter(job_id=self.job_id, seq=self.seq).values_list("data", flat=True).first()
-                )
-                if data is None:
-                    raise UploadGone
-                self.part, self.offset, self.seq = bytes(data), 0, self.seq + 1
-            piece = self.part[self.offset : self.offset + wanted - got]
-            self.offset += len(piece)
-            got += len(piece)
-            out.append(piece)
-        self.bytes_read += got
-        return b"".join(out)
+def upload_stored(job: Job) -> bool:
+    """Whether the file the job's ingest reads is still stored (the reconciler asks before queuing it again)."""
+    return _stored_parts(job).exists()
 
 
 class _Stop(Exception):
@@ -170,7 +169,7 @@ def run_ingest(job_id: int) -> None:
         return  # ingested, cancelled, or another worker is on it: a duplicate message
     limits = ingest_limits()
     JobRow.objects.filter(job=job).delete()  # what an interrupted earlier attempt wrote
-    upload = StoredUpload(job.pk)
+    upload = PartsReader(_stored_parts(job))
     try:
         costs = _write_rows(job, upload, limits)
         total = sum(len(c) for c in costs)
@@ -190,13 +189,19 @@ def run_ingest(job_id: int) -> None:
             Chunk.objects.bulk_create(chunks)
             if not job.queue(total):
                 raise _Stop
+            Batch.objects.filter(job=job, in_progress_at__isnull=True).update(in_progress_at=timezone.now())
             UploadPart.objects.filter(job=job).delete()
             job.refresh_counts()
             scheduler.refill_after_commit()
     except IngestError as error:
         JobRow.objects.filter(job=job).delete()
-        job.fail(error.message)
-    except (_Stop, UploadGone):
+        job.fail(error.message, error.details)
+    except PartsGone:
+        job.refresh_from_db()
+        if job.status == JobStatus.INGESTING and job.file_format == FileFormat.BATCH:
+            JobRow.objects.filter(job=job).delete()
+            job.fail("the batch's input file was deleted before it was read")
+    except _Stop:
         job.refresh_from_db()
         if job.status == JobStatus.CANCELLED:
             JobRow.objects.filter(job=job).delete()  # nothing ran: the cancelled job keeps no half-read rows
@@ -227,7 +232,7 @@ def price(spec: ModelSpec | None, inputs: list) -> list[int]:
     return [max(1, len(str(item)) // 4) for item in inputs]
 
 
-def _write_rows(job: Job, upload: StoredUpload, limits: IngestLimits) -> list[list[int]]:
+def _write_rows(job: Job, upload: PartsReader, limits: IngestLimits) -> list[list[int]]:
     """Write the file's rows; each chunk's rows' prices in tokens (chunk n holds rows n * chunk_rows on)."""
     spec = get_registry().get(job.model)
     rows = readers.reader_for(job).rows(upload, columns=job_columns(job), id_column=job.id_column, limits=limits)
@@ -240,7 +245,7 @@ def _write_rows(job: Job, upload: StoredUpload, limits: IngestLimits) -> list[li
         priced = price(spec, [item for _, item in runnable])
         costs = [0] * len(batch)  # a row that failed at ingest costs the model nothing
         for (i, _), cost in zip(runnable, priced, strict=True):
-            costs[i] = cost
+            costs[i] = batch[i].tokens = cost
         prices.extend(costs)
         return _flush(job, batch, total, upload)
 
@@ -265,7 +270,7 @@ def _write_rows(job: Job, upload: StoredUpload, limits: IngestLimits) -> list[li
     return [prices[start : start + limits.chunk_rows] for start in range(0, total, limits.chunk_rows)]
 
 
-def _flush(job: Job, batch: list[JobRow], total: int, upload: StoredUpload) -> int:
+def _flush(job: Job, batch: list[JobRow], total: int, upload: PartsReader) -> int:
     JobRow.objects.bulk_create(batch)
     total += len(batch)
     if not job.record_ingest(total, upload.bytes_read):

@@ -30,6 +30,17 @@ class JobStatus(models.TextChoices):
     PARTIAL = "partial", "succeeded with failed rows"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # A batch (jobs/batches.py) not finished within its completion window: rows done so far are kept.
+    EXPIRED = "expired"
+
+
+class FileFormat(models.TextChoices):
+    """How a job's upload is read: one reader class each (jobs/readers.py)."""
+
+    CSV = "csv", "CSV"
+    JSONL = "jsonl", "JSON lines"
+    # OpenAI Batch API request lines ({"custom_id", "method", "url", "body"}): the input file of a batch.
+    BATCH = "batch", "OpenAI batch requests"
 
 
 class CallbackStatus(models.TextChoices):
@@ -46,19 +57,20 @@ class Priority(models.TextChoices):
     LOW = "low"
 
 
-TERMINAL = (JobStatus.SUCCEEDED, JobStatus.PARTIAL, JobStatus.FAILED, JobStatus.CANCELLED)
+TERMINAL = (JobStatus.SUCCEEDED, JobStatus.PARTIAL, JobStatus.FAILED, JobStatus.CANCELLED, JobStatus.EXPIRED)
 # Statuses in which a job's rows may still be written with results.
 RUNNABLE = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
 class Job(models.Model):
-    """One uploaded CSV run through one model."""
+    """One uploaded file (CSV, JSON lines, or a batch's request lines) run through one model."""
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
     model = models.CharField(max_length=100)
     priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL, db_index=True)
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING, db_index=True)
     filename = models.CharField(max_length=255, blank=True)
+    file_format = models.CharField(max_length=8, choices=FileFormat.choices, default=FileFormat.CSV)
     text_column = models.CharField(max_length=255, blank=True)
     # For tasks whose inputs have several fields (inference/task_io.py): input field -> CSV column,
     # e.g. {"question": "q", "context": "passage"}. Empty for text tasks, which read `text_column`.
@@ -74,6 +86,9 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     rows_per_s = models.FloatField(default=0.0)
     error = models.TextField(blank=True)
+    # What was wrong with the file, line by line, when it failed at ingest: [{"line", "code", "message",
+    # "param"}] (a batch's `errors`); empty when the file was usable.
+    error_details = models.JSONField(default=list, blank=True)
     # Ingest runs in an offline worker from the stored upload; these say how far it got.
     upload_bytes = models.PositiveBigIntegerField(default=0)
     ingested_bytes = models.PositiveBigIntegerField(default=0)
@@ -105,6 +120,12 @@ class Job(models.Model):
     @property
     def is_terminal(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def retryable(self) -> bool:
+        """Whether its failed rows may run again: an ended job's, not a batch's (its output files are final;
+        a client resubmits the failed lines as a new batch)."""
+        return self.is_terminal and self.failed_rows > 0 and self.file_format != FileFormat.BATCH
 
     @property
     def progress(self) -> float:
@@ -184,13 +205,15 @@ class Job(models.Model):
         """Let a new worker claim a stalled ingest (its message or its worker was lost)."""
         return self._move([JobStatus.INGESTING], ingest_claimed_at=None, ingest_progress_at=timezone.now())
 
-    def fail(self, error: str) -> bool:
-        """Any live status -> FAILED with a message for the uploader (the file turned out unusable)."""
+    def fail(self, error: str, details: list[dict] | None = None) -> bool:
+        """Any live status -> FAILED with a message for the uploader (the file turned out unusable), and
+        its problems line by line when the reader listed them."""
         with transaction.atomic():
             moved = self._move(
                 [s for s in JobStatus.values if s not in TERMINAL],
                 status=JobStatus.FAILED,
                 error=error,
+                error_details=details or [],
                 finished_at=timezone.now(),
             )
             if moved:
@@ -205,18 +228,19 @@ class Job(models.Model):
         cls.objects.filter(pk__in=ids, started_at__isnull=True).update(started_at=timezone.now())
         cls.objects.filter(pk__in=ids, status=JobStatus.QUEUED).update(status=JobStatus.RUNNING)
 
-    def cancel(self) -> bool:
+    def cancel(self, status: str = JobStatus.CANCELLED) -> bool:
         """Stop the job: remaining chunks and rows are cancelled, rows done so far are kept. False if it had ended.
 
         The job row is locked first, and result writes lock it too (JobRow.objects.complete), so a pass
         that finishes after the cancel commits writes nothing: the export then equals the counts.
+        `status`: EXPIRED for a batch stopped at the end of its completion window (`expire`).
         """
         with transaction.atomic():
             job = Job.objects.select_for_update().filter(pk=self.pk).exclude(status__in=TERMINAL).first()
             if job is None:
                 return False
             now = timezone.now()
-            Job.objects.filter(pk=self.pk).update(status=JobStatus.CANCELLED, finished_at=now)
+            Job.objects.filter(pk=self.pk).update(status=status, finished_at=now)
             self.chunks.exclude(status=ChunkStatus.DONE).update(status=ChunkStatus.CANCELLED)
             self.rows.filter(status=RowStatus.PENDING).update(status=RowStatus.CANCELLED)
             self.upload_parts.all().delete()  # an ingest in progress stops at its next read
@@ -224,6 +248,10 @@ class Job(models.Model):
         self.refresh_counts()
         self._ended()
         return True
+
+    def expire(self) -> bool:
+        """A batch past its completion window stops as a cancel does, its rows done so far kept, as EXPIRED."""
+        return self.cancel(status=JobStatus.EXPIRED)
 
     def finish(self) -> bool:
         """QUEUED/RUNNING -> SUCCEEDED, PARTIAL or FAILED once no chunk is left to run."""
@@ -256,7 +284,7 @@ class Job(models.Model):
 
         with transaction.atomic():
             job = Job.objects.select_for_update().get(pk=self.pk)
-            if not job.is_terminal:
+            if not job.is_terminal or job.file_format == FileFormat.BATCH:
                 return 0, []
             failed = list(job.rows.filter(status=RowStatus.FAILED).values_list("index", flat=True))
             if not failed:
@@ -366,6 +394,9 @@ class JobRow(models.Model):
     score = models.FloatField(null=True, blank=True)
     output = models.JSONField(null=True, blank=True)
     error = models.CharField(max_length=500, blank=True)
+    # Tokens the model reads for this row, counted at ingest (what the fair share charges, and a batch
+    # line's `usage`); 0 for a row that failed at ingest.
+    tokens = models.PositiveIntegerField(default=0)
     attempts = models.PositiveSmallIntegerField(default=0)
     low_confidence = models.BooleanField(default=False, db_index=True)
     corrected_label = models.CharField(max_length=100, blank=True)
@@ -407,7 +438,7 @@ class ChunkQuerySet(models.QuerySet):
             chunk_id
             for chunk_id in chunk_ids
             if self.filter(claimable, pk=chunk_id)
-            .exclude(job__status=JobStatus.CANCELLED)
+            .exclude(job__status__in=[JobStatus.CANCELLED, JobStatus.EXPIRED])
             .update(status=ChunkStatus.RUNNING, progress_at=now, attempts=F("attempts") + 1)
         ]
         return list(self.filter(pk__in=claimed).select_related("job"))
@@ -540,3 +571,83 @@ class CallbackSecret(models.Model):
 
     def __str__(self) -> str:
         return f"callback secret of {self.owner}"
+
+
+class FilePurpose(models.TextChoices):
+    """OpenAI's file purposes that this platform serves (jobs/files.py)."""
+
+    BATCH = "batch"  # uploaded request lines, the input of a batch
+    BATCH_OUTPUT = "batch_output"  # a batch's output or error file, written when the batch is finalized
+
+
+class StoredFile(models.Model):
+    """A file of the OpenAI Files API (`file-...`): its bytes are FileParts, written once, streamed out.
+
+    Uploaded input files are the user's until deleted or expired; a batch's output and error files are
+    written from its job's rows when the batch is finalized (jobs/batches.py) and go with the job.
+    """
+
+    public_id = models.CharField(max_length=40, unique=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="stored_files")
+    purpose = models.CharField(max_length=16, choices=FilePurpose.choices)
+    filename = models.CharField(max_length=255)
+    bytes = models.PositiveBigIntegerField(default=0)
+    lines = models.PositiveIntegerField(default=0, help_text="JSON lines in the file")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    # The job whose output or errors this file holds (deleted with it); empty for uploads.
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.CASCADE, related_name="result_files")
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+
+    def __str__(self) -> str:
+        return f"{self.public_id} ({self.purpose}, {self.filename})"
+
+
+class FilePart(models.Model):
+    """A slice of a stored file, in order (in the database, as uploads are: every host reaches it)."""
+
+    file = models.ForeignKey(StoredFile, on_delete=models.CASCADE, related_name="parts")
+    seq = models.PositiveIntegerField()
+    data = models.BinaryField()
+
+    class Meta:
+        ordering = ["file", "seq"]
+        constraints = [models.UniqueConstraint(fields=["file", "seq"], name="unique_part_per_file")]
+
+    def __str__(self) -> str:
+        return f"part {self.seq} of {self.file_id}"
+
+
+class Batch(models.Model):
+    """What the OpenAI Batch API says about a job (`batch_...`): the job holds the rows and runs them as
+    any job; this holds the batch's request, its files and the times of its OpenAI statuses."""
+
+    public_id = models.CharField(max_length=40, unique=True)
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, related_name="batch")
+    endpoint = models.CharField(max_length=200)
+    completion_window = models.CharField(max_length=8, default="24h")
+    metadata = models.JSONField(null=True, blank=True)
+    input_file = models.ForeignKey(
+        StoredFile, null=True, blank=True, on_delete=models.SET_NULL, related_name="input_of"
+    )
+    output_file = models.ForeignKey(
+        StoredFile, null=True, blank=True, on_delete=models.SET_NULL, related_name="output_of"
+    )
+    error_file = models.ForeignKey(
+        StoredFile, null=True, blank=True, on_delete=models.SET_NULL, related_name="errors_of"
+    )
+    expires_at = models.DateTimeField(db_index=True)
+    in_progress_at = models.DateTimeField(null=True, blank=True)
+    cancelling_at = models.DateTimeField(null=True, blank=True)
+    finalizing_at = models.DateTimeField(null=True, blank=True)
+    # When the output and error files were written: the batch is then completed, expired, cancelled or failed.
+    finalized_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        ordering = ["-pk"]
+        verbose_name_plural = "batches"
+
+    def __str__(self) -> str:
+        return f"{self.public_id} (job {self.job_id})"

@@ -4,15 +4,16 @@ Ingest (jobs/lifecycle.py) needs two things of a file: check its start in the we
 mistakes get their 400 at once) and read all its rows in the offline worker. A reader does both; which
 columns, which id column and what limits are the job's, passed in, never the format's. What a reader
 learns from the file's start (a detected delimiter, the codec a byte-order mark chose) comes back as a
-reader, whose `job_fields` the job stores and `reader_for(job)` builds again. A second format (JSONL:
-one JSON object per line, fields by name) is one more class here and a branch in `reader_for` and
-`from_upload`; lifecycle does not change.
+reader, whose `job_fields` the job stores and `reader_for(job)` builds again. Formats: CSV, JSON lines
+(one JSON object per line, fields by key) and OpenAI batch request lines (a batch's input file); each is
+one class here and a branch in `reader_for` and `from_upload`; lifecycle does not change.
 """
 
 from __future__ import annotations
 
 import csv
 import itertools
+import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
@@ -30,6 +31,7 @@ from jobs.ingest import (
     read_start,
     strip_nul,
 )
+from jobs.models import FileFormat
 
 if TYPE_CHECKING:
     from jobs.models import Job
@@ -99,7 +101,7 @@ class CsvReader:
 
     def job_fields(self) -> dict[str, str]:
         # Unresolved (not yet checked against a file), the delimiter is stored empty: detected again.
-        return {"encoding": self.encoding, "delimiter": self.delimiter or ""}
+        return {"file_format": FileFormat.CSV, "encoding": self.encoding, "delimiter": self.delimiter or ""}
 
     def _open(
         self, binary: Readable, columns: Mapping[str, str], id_column: str, limits: IngestLimits
@@ -170,13 +172,243 @@ def _check_header(
             )
 
 
+@dataclass(frozen=True)
+class JsonlReader:
+    """JSON lines: one JSON object per line, input fields and the id read by key (`columns` name the keys).
+
+    A value that is a number is read as its text; one that is missing, null or not a string or number
+    fails its row ("empty text"), as an empty CSV cell does. A line that is not a JSON object makes the
+    file unusable (named by its line), as malformed CSV does.
+    """
+
+    encoding: str = "utf-8"
+
+    def check_start(
+        self, binary: Readable, *, columns: Mapping[str, str], id_column: str, limits: IngestLimits
+    ) -> JsonlReader:
+        opened, rows = self._open(binary, columns, id_column, limits)
+        read_start(rows)
+        return opened
+
+    def rows(
+        self, binary: Readable, *, columns: Mapping[str, str], id_column: str, limits: IngestLimits
+    ) -> Iterator[Row]:
+        return self._open(binary, columns, id_column, limits)[1]
+
+    def job_fields(self) -> dict[str, str]:
+        return {"file_format": FileFormat.JSONL, "encoding": self.encoding, "delimiter": ""}
+
+    def _open(
+        self, binary: Readable, columns: Mapping[str, str], id_column: str, limits: IngestLimits
+    ) -> tuple[JsonlReader, Iterator[Row]]:
+        source = DecodedLines(binary, self.encoding)
+        fields = in_task_order(columns)
+
+        def records() -> Iterator[tuple[str, dict[str, str]]]:
+            for line in source:
+                if not line.strip():
+                    continue
+                record = _json_object(line, source.line_no)
+                values = {field: _value(record.get(columns[field])) for field in fields}
+                yield (_value(record.get(id_column)) if id_column else ""), values
+
+        def rows() -> Iterator[Row]:
+            count = 0
+            for row in numbered_rows(records(), fields, limits):
+                count += 1
+                yield row
+            if count == 0:
+                raise IngestError("the file has no JSON lines")
+
+        return replace(self, encoding=source.codec), rows()
+
+
+def _json_object(line: str, line_no: int) -> dict:
+    try:
+        record = json.loads(line)
+    except ValueError as exc:
+        raise IngestError(f"line {line_no}: not valid JSON ({exc})") from None
+    if not isinstance(record, dict):
+        raise IngestError(f"line {line_no}: each line must be a JSON object, got {type(record).__name__}")
+    return record
+
+
+def _value(value: object) -> str:
+    """A JSON value as a cell's text: strings as they are, numbers written out, anything else empty."""
+    if isinstance(value, str):
+        return strip_nul(value)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return ""
+
+
+# Validation errors listed on a failed batch (the count of the rest is in its message).
+MAX_LISTED_ERRORS = 100
+
+
+@dataclass(frozen=True)
+class BatchRequestReader:
+    """OpenAI Batch API request lines: `{"custom_id", "method": "POST", "url", "body"}`, one request each.
+
+    `endpoint` is the batch's (every line's `url` must be it) and `model` the one model a batch runs:
+    `/v1/embeddings` lines name it in `body.model`, predict lines in the endpoint. A line whose envelope
+    is wrong (not JSON, no or a repeated `custom_id`, another method, url or model) makes the batch fail
+    validation: every such line is listed (up to MAX_LISTED_ERRORS) with its number, as OpenAI does.
+    A body the endpoint itself would refuse (an empty input, a wrong type) fails only its line, with the
+    endpoint's own message: it lands in the error file, answered as the synchronous call would be.
+
+    A line holds one input (`input` a string, or `inputs` a list of one): a batch line is a job row.
+    """
+
+    endpoint: str
+    model: str
+
+    def check_start(
+        self, binary: Readable, *, columns: Mapping[str, str], id_column: str, limits: IngestLimits
+    ) -> BatchRequestReader:
+        return self  # validated by the worker: a batch answers `validating` at once, as OpenAI's does
+
+    def job_fields(self) -> dict[str, str]:
+        return {"file_format": FileFormat.BATCH, "encoding": "utf-8", "delimiter": ""}
+
+    def rows(
+        self, binary: Readable, *, columns: Mapping[str, str], id_column: str, limits: IngestLimits
+    ) -> Iterator[Row]:
+        from inference.registry import get_registry  # the worker's registry, read when the batch runs
+
+        spec = get_registry().get(self.model)
+        source = DecodedLines(binary, "utf-8")
+        errors: list[dict] = []
+        failed_lines = 0
+        seen: dict[str, int] = {}  # custom_id -> its line
+        index = 0
+        for line in source:
+            if not line.strip():
+                continue
+            problem, row = self._line(line, source.line_no, index, spec, seen, limits)
+            if problem is not None:
+                failed_lines += 1
+                if len(errors) < MAX_LISTED_ERRORS:
+                    errors.append(problem)
+                continue
+            if errors:
+                continue  # the batch fails: rows after the first bad line are only checked
+            if index >= limits.max_rows:
+                raise IngestError(f"the file has more than {limits.max_rows} requests, the limit per batch")
+            index += 1
+            yield row
+        if errors:
+            more = f" (the first {len(errors)} listed)" if failed_lines > len(errors) else ""
+            raise IngestError(
+                f"{failed_lines} of the file's lines are not valid requests for {self.endpoint}{more}; "
+                f"line {errors[0]['line']}: {errors[0]['message']}",
+                details=errors,
+            )
+        if index == 0:
+            raise IngestError("the file has no request lines", details=[_problem(0, "empty_file", "the file is empty")])
+
+    def _line(self, line: str, line_no: int, index: int, spec, seen: dict[str, int], limits: IngestLimits):
+        """(a validation error, None) or (None, the line's row)."""
+        try:
+            request = json.loads(line)
+        except ValueError as exc:
+            return _problem(line_no, "invalid_json_line", f"not valid JSON ({exc})"), None
+        if not isinstance(request, dict):
+            return _problem(line_no, "invalid_request", "each line must be a JSON object"), None
+        custom_id = request.get("custom_id")
+        if not isinstance(custom_id, str) or not custom_id:
+            return _problem(line_no, "missing_custom_id", "`custom_id` must be a non-empty string", "custom_id"), None
+        if len(custom_id) > 255:
+            return _problem(
+                line_no, "invalid_custom_id", "`custom_id` is longer than 255 characters", "custom_id"
+            ), None
+        if custom_id in seen:
+            return _problem(
+                line_no,
+                "duplicate_custom_id",
+                f"custom_id {custom_id[:80]!r} is also on line {seen[custom_id]}; each request needs its own",
+                "custom_id",
+            ), None
+        seen[custom_id] = line_no
+        if request.get("method") != "POST":
+            return _problem(line_no, "invalid_method", "`method` must be POST", "method"), None
+        if request.get("url") != self.endpoint:
+            got = str(request.get("url"))[:120]
+            return _problem(
+                line_no, "invalid_url", f"`url` is {got!r}; every line of this batch must be {self.endpoint}", "url"
+            ), None
+        body = request.get("body")
+        if not isinstance(body, dict):
+            return _problem(line_no, "invalid_body", "`body` must be a JSON object", "body"), None
+        if self.endpoint == EMBEDDINGS_ENDPOINT:
+            model = body.get("model")
+            if spec is None or spec.task != EMBEDDING_TASK:
+                return _problem(
+                    line_no,
+                    "model_not_found",
+                    f"the model {str(model)[:80]!r} is not an embedding model served here",
+                    "body.model",
+                ), None
+            if model != self.model:
+                return _problem(
+                    line_no,
+                    "model_mismatch",
+                    f"`body.model` is {str(model)[:80]!r}; a batch runs one model, {self.model!r} (from its first line)",
+                    "body.model",
+                ), None
+        return None, _request_row(index, custom_id, body, spec, self.endpoint, limits)
+
+
+def _problem(line: int, code: str, message: str, param: str | None = None) -> dict:
+    return {"line": line, "code": code, "message": message, "param": param}
+
+
+EMBEDDINGS_ENDPOINT = "/v1/embeddings"
+EMBEDDING_TASK = "embedding"
+
+
+def _request_row(index: int, custom_id: str, body: dict, spec, endpoint: str, limits: IngestLimits) -> Row:
+    """The row of one request: its input, or the endpoint's own refusal as the row's error."""
+    from inference.api.openai_compat import parse_embeddings_request  # the endpoint's own checks
+    from inference.registry import get_registry
+    from inference.task_io import input_fields, takes_text
+    from inference.validation import validate_inputs
+    from platform_.errors import ApiError
+
+    try:
+        if endpoint == EMBEDDINGS_ENDPOINT:
+            if isinstance(body.get("input"), list) and len(body["input"]) > 1:
+                raise ApiError(
+                    400, "invalid_value", "a batch line holds one input: send each text as a line of its own"
+                )
+            checked = parse_embeddings_request(body, get_registry(), max_inputs=1, max_chars=limits.max_text_chars)
+            options = {"encoding_format": checked.encoding_format} if checked.encoding_format != "float" else None
+            return Row(index, custom_id, checked.texts[0], "", options)
+        inputs = validate_inputs(body, max_inputs=1, max_chars=limits.max_text_chars, task=spec.task, model=spec.name)
+        if takes_text(spec.task):
+            return Row(index, custom_id, inputs[0], "")
+        values = {field: inputs[0][field] for field in input_fields(spec.task)}
+        return Row(index, custom_id, values[input_fields(spec.task)[0]], "", values)
+    except ApiError as error:
+        text = body.get("input") if endpoint == EMBEDDINGS_ENDPOINT else body.get("inputs")
+        shown = text if isinstance(text, str) else json.dumps(text)[:1000] if text is not None else ""
+        return Row(index, custom_id, strip_nul(shown)[: limits.max_text_chars + 1], error.detail[:500])
+
+
 def from_upload(fields: Mapping[str, object]) -> Reader:
-    """The reader an upload's form fields ask for: `encoding` (utf-8 when left out; IngestError for a name
-    that is no character encoding) and `delimiter` (comma, semicolon or tab; detected when left out)."""
+    """The reader an upload's form fields ask for: `file_format` (csv or jsonl), `encoding` (utf-8 when left
+    out; IngestError for a name that is no character encoding) and, for CSV, `delimiter` (comma, semicolon
+    or tab; detected when left out)."""
     encoding = check_encoding(str(fields.get("encoding") or "utf-8"))
+    if fields.get("file_format") == FileFormat.JSONL:
+        return JsonlReader(encoding=encoding)
     return CsvReader(encoding=encoding, delimiter=str(fields.get("delimiter") or "") or None)
 
 
 def reader_for(job: Job) -> Reader:
     """The reader of a job's stored upload, from the options its start was checked with."""
+    if job.file_format == FileFormat.JSONL:
+        return JsonlReader(encoding=job.encoding)
+    if job.file_format == FileFormat.BATCH:
+        return BatchRequestReader(endpoint=job.batch.endpoint, model=job.model)
     return CsvReader(encoding=job.encoding, delimiter=job.delimiter or None)

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from jobs import callbacks, lifecycle, scheduler
-from jobs.models import TERMINAL, Chunk, ChunkStatus, Job, JobStatus, UploadPart
+from jobs.models import TERMINAL, Chunk, ChunkStatus, Job, JobStatus
 
 logger = logging.getLogger(__name__)
 # An ingest that stalls this many times (its worker killed each time, e.g. out of memory) fails its job.
@@ -78,7 +78,7 @@ def _reconcile_ingests(stale, flowing: bool) -> tuple[int, int]:
         claimed = job.ingest_claimed_at is not None
         if not claimed and flowing:
             continue
-        if not UploadPart.objects.filter(job=job).exists():
+        if not lifecycle.upload_stored(job):
             failed += job.fail("ingest was interrupted and the upload is gone; upload the file again")
         elif claimed and job.ingest_attempts >= MAX_INGEST_ATTEMPTS:
             failed += job.fail(

@@ -21,7 +21,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from jobs.models import TERMINAL, Job, JobRow
+from jobs import files
+from jobs.models import TERMINAL, Job, JobRow, StoredFile
 
 logger = logging.getLogger(__name__)
 # The Periodic's name: its lock is `periodic:<name>:lock` (platform_/periodic.py).
@@ -66,6 +67,18 @@ def _delete_job(job_id: int, now: datetime, ttl_days: int, batch: int) -> int | 
             rows += len(ids)
 
 
+def expire_files(now: datetime) -> int:
+    """Delete the uploaded files (OpenAI Files API) past their `expires_at`, a file at a time; how many."""
+    deleted = 0
+    for file_id in files.expired_uploads(now).values_list("pk", flat=True):
+        deleted += StoredFile.objects.filter(pk=file_id).delete()[0] > 0
+    if deleted:
+        logger.info("retention: deleted %d uploaded files past their expiry", deleted)
+    return deleted
+
+
 def run() -> int:
     """One periodic run with the settings' TTL."""
-    return expire_jobs(timezone.now(), settings.JOBS_RESULT_TTL_DAYS)
+    now = timezone.now()
+    expire_files(now)
+    return expire_jobs(now, settings.JOBS_RESULT_TTL_DAYS)

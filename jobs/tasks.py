@@ -13,7 +13,7 @@ from django.conf import settings
 
 from inference import worker_process
 from inference.batching import AdaptiveBatches
-from jobs import callbacks, enqueue, retention
+from jobs import batches, callbacks, enqueue, retention
 from jobs.keys import RECONCILER
 from jobs.lifecycle import run_ingest
 from jobs.reconcile import reconcile
@@ -99,6 +99,7 @@ def _deliver(job_id: int, ended_at: str, attempt: int) -> None:
 
 _reconciler: Periodic | None = None
 _expirer: Periodic | None = None
+_finalizer: Periodic | None = None
 
 
 @signals.celeryd_after_setup.connect  # after -Q is applied, before the pool forks its children
@@ -115,11 +116,15 @@ def _consume_callbacks(instance: Any, **_: Any) -> None:
 
 @signals.worker_ready.connect
 def _start_reconciler(**_: Any) -> None:
-    global _reconciler
+    global _reconciler, _finalizer
     if worker_role() == "offline":
         _reconciler = Periodic(RECONCILER, settings.JOBS_RECONCILE_S, reconcile)
         _reconciler.start()
         _start_expirer()
+        # Batches are finalized (their output files written from the rows) here in the main process: in
+        # the child it would hold every user's chunks for as long as a big batch's files take to write.
+        _finalizer = Periodic(batches.FINALIZER, settings.JOBS_BATCH_FINALIZE_S, batches.run)
+        _finalizer.start()
 
 
 def _start_expirer() -> None:
@@ -131,6 +136,6 @@ def _start_expirer() -> None:
 
 @signals.worker_shutdown.connect
 def _stop_reconciler(**_: Any) -> None:
-    for thread in (_reconciler, _expirer):
+    for thread in (_reconciler, _expirer, _finalizer):
         if thread:
             thread.stop()

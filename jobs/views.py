@@ -58,7 +58,7 @@ def describe(job: Job, now: datetime | None = None) -> Job:
         ", ".join(f"{f}: {c}" for f, c in lifecycle.job_columns(job).items()) if job.input_columns else ""
     )
     job.can_cancel = not job.is_terminal
-    job.can_retry = job.is_terminal and job.failed_rows > 0
+    job.can_retry = job.retryable
     return job
 
 

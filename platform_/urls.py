@@ -38,6 +38,8 @@ urlpatterns = [
     path("api/v1/", include("inference.api.urls")),
     path("api/v1/", include("jobs.api.urls")),
     # OpenAI-compatible embeddings for OpenAI clients (base_url <host>/v1): inference/api/openai_compat.py.
+    # The OpenAI Files and Batch APIs over offline jobs (jobs/api/openai_batches.py), before the catch-all.
+    path("v1/", include("jobs.api.openai_batches")),
     path("v1/", include("inference.api.openai_compat")),
     path("jobs/", include("jobs.urls")),
     # Session login for people (browser pages, and API calls from a logged-in browser).

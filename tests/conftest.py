@@ -321,7 +321,7 @@ def stack(
         return _start(command, {**env, "WORKER_QUEUE": queue, **extra_env}, log_dir / f"{queue}.log")
 
     worker = celery_worker("online", 64, {})
-    offline = celery_worker("offline", 4, {"WORKER_MODELS": "router,sentiment,qa,entities"})
+    offline = celery_worker("offline", 4, {"WORKER_MODELS": "router,sentiment,qa,entities,embedding"})
     web = _start(
         [
             str(bin_dir / "uvicorn"),

@@ -344,7 +344,7 @@ async def unsupported_view(request: HttpRequest, rest: str) -> JsonResponse:
         404,
         "unknown_url",
         f"Unrecognized request URL ({request.method} /v1/{rest}); this server implements only "
-        "POST /v1/embeddings and GET /v1/models of the OpenAI API",
+        "POST /v1/embeddings, GET /v1/models, /v1/files and /v1/batches of the OpenAI API",
     )
     return finish_response(error.response(), make_request_id(request.headers.get("X-Request-ID")))
 

@@ -8,7 +8,7 @@ from rest_framework.reverse import reverse
 
 from inference.registry import get_registry
 from jobs.callbacks import CallbackRefused, check_destination
-from jobs.models import CallbackSecret, Job, JobRow, Priority
+from jobs.models import CallbackSecret, FileFormat, Job, JobRow, Priority
 from jobs.scheduler import Standing, standing_of
 
 
@@ -36,6 +36,9 @@ class JobSerializer(serializers.ModelSerializer):
         "empty when nothing else competes"
     )
     links = serializers.SerializerMethodField()
+    batch_id = serializers.SerializerMethodField(
+        help_text="the OpenAI batch (`batch_...`) this job runs, for jobs created by POST /v1/batches; else null"
+    )
     callback_url = serializers.CharField(
         read_only=True, help_text="where the job's summary is POSTed when it ends; empty: none"
     )
@@ -47,7 +50,7 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = [
-            "id", "owner", "model", "priority", "status", "filename", "text_column", "input_columns", "id_column", "encoding",
+            "id", "batch_id", "owner", "model", "priority", "status", "filename", "file_format", "text_column", "input_columns", "id_column", "encoding",
             "delimiter",
             "upload_bytes", "ingested_rows", "ingest_progress",
             "total_rows", "done_rows", "failed_rows", "progress", "rows_per_s", "eta_s",
@@ -78,12 +81,19 @@ class JobSerializer(serializers.ModelSerializer):
         standing = self._standing(job)
         return standing.waiting_reason if standing else ""
 
+    def get_batch_id(self, job: Job) -> str | None:
+        if job.file_format != FileFormat.BATCH:
+            return None
+        batch = getattr(job, "batch", None)  # selected with the job by visible_jobs
+        return batch.public_id if batch else None
+
     def get_links(self, job: Job) -> dict[str, str]:
         request = self.context.get("request")
         return {
             "self": reverse("job-detail", args=[job.pk], request=request),
             "results": reverse("job-results", args=[job.pk], request=request),
             "results_csv": reverse("job-results-csv", args=[job.pk], request=request),
+            "results_jsonl": reverse("job-results-jsonl", args=[job.pk], request=request),
         }
 
 
@@ -123,7 +133,13 @@ class JobCreateSerializer(serializers.Serializer):
         help_text="a character encoding, for example utf-8, latin-1, gbk; a UTF-8/16/32 byte-order mark is honoured",
     )
     delimiter = serializers.ChoiceField(
-        choices=["comma", "semicolon", "tab"], required=False, help_text="default: detected from the header"
+        choices=["comma", "semicolon", "tab"], required=False, help_text="CSV: default: detected from the header"
+    )
+    file_format = serializers.ChoiceField(
+        choices=["csv", "jsonl"],
+        required=False,
+        help_text="csv (a header line, columns by name) or jsonl (one JSON object per line, fields by key: "
+        "`text_column` names the key); default: jsonl for a .jsonl or .ndjson file name, else csv",
     )
 
     priority = serializers.ChoiceField(

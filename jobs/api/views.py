@@ -1,4 +1,5 @@
-"""Offline jobs API: upload, list, detail, results (JSON pages and streamed CSV), cancel, retry."""
+"""Offline jobs API: upload (CSV or JSON lines), list, detail, results (JSON pages, streamed CSV or JSON lines),
+cancel, retry."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from jobs import export, lifecycle
 from jobs.api.serializers import JobCreateSerializer, JobSerializer, RowSerializer
 from jobs.api.throttles import JobCreateThrottle, ResultsThrottle
 from jobs.ingest import COLUMN_FIELDS, IngestError
-from jobs.models import Job, Priority
+from jobs.models import FileFormat, Job, Priority
 from jobs.quotas import QuotaExceeded
 
 
@@ -51,10 +52,26 @@ class RowPages(PageNumberPagination):
         return settings.JOBS_RESULTS_PAGE_SIZE
 
 
+def job_create_refusal(error: IngestError) -> exceptions.APIException:
+    """The API's answer to a job (or batch) that cannot be created: 413, a quota's 429, 429 or 400."""
+    if error.status == 413:
+        return PayloadTooLarge(error.message)
+    if isinstance(error, QuotaExceeded):
+        return QuotaRefused(error.message, error.code)
+    if error.status == 429:
+        return exceptions.Throttled(detail=error.message)
+    return exceptions.ValidationError({error.field: [error.message]})
+
+
 def visible_jobs(user) -> QuerySet[Job]:
     """A user sees their own jobs; staff see all. Anything else is a 404, not a 403."""
-    jobs = Job.objects.select_related("owner")
+    jobs = Job.objects.select_related("owner", "batch")
     return jobs if user.is_staff else jobs.filter(owner=user)
+
+
+def format_of(filename: str) -> str:
+    """The upload's format when the form does not say: JSON lines for .jsonl and .ndjson files, else CSV."""
+    return FileFormat.JSONL if filename.lower().endswith((".jsonl", ".ndjson")) else FileFormat.CSV
 
 
 def create_from_upload(user, data: dict, upload) -> Job:
@@ -77,6 +94,7 @@ def create_from_upload(user, data: dict, upload) -> Job:
         id_column=data.get("id_column") or "",
         encoding=data.get("encoding") or "utf-8",
         delimiter=delimiter,
+        file_format=data.get("file_format") or format_of(upload.name or ""),
         callback_url=data.get("callback_url") or "",
         priority=data.get("priority") or Priority.NORMAL,
     )
@@ -96,7 +114,12 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
 
     def get_throttles(self):
         # Uploads and results cost the server work; listing and polling a job are cheap and stay free.
-        throttles = {"create": [JobCreateThrottle], "results": [ResultsThrottle], "results_csv": [ResultsThrottle]}
+        throttles = {
+            "create": [JobCreateThrottle],
+            "results": [ResultsThrottle],
+            "results_csv": [ResultsThrottle],
+            "results_jsonl": [ResultsThrottle],
+        }
         return [throttle() for throttle in throttles.get(self.action, [])]
 
     def throttled(self, request: Request, wait: float | None) -> None:
@@ -114,13 +137,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         try:
             job = create_from_upload(request.user, form.validated_data, form.validated_data["file"])
         except IngestError as error:
-            if error.status == 413:
-                raise PayloadTooLarge(error.message) from None
-            if isinstance(error, QuotaExceeded):
-                raise QuotaRefused(error.message, error.code) from None
-            if error.status == 429:
-                raise exceptions.Throttled(detail=error.message) from None
-            raise exceptions.ValidationError({error.field: [error.message]}) from None
+            raise job_create_refusal(error) from None
         # 202: the file's start is checked; the rest is read by a worker (status `ingesting`, then queued).
         return Response(JobSerializer(job, context={"request": request}).data, status=status.HTTP_202_ACCEPTED)
 
@@ -144,7 +161,14 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     @action(detail=True, methods=["get"], url_path="results.csv", url_name="results-csv")
     def results_csv(self, request: Request, pk: str | None = None) -> StreamingHttpResponse:
         job = self.get_object()
-        return export.csv_response(job.rows.all(), f"job-{job.pk}-results.csv")
+        return export.response(job.rows.all(), f"job-{job.pk}-results", export.WRITERS["csv"])
+
+    @extend_schema(responses={(200, "application/jsonl"): str})
+    @action(detail=True, methods=["get"], url_path="results.jsonl", url_name="results-jsonl")
+    def results_jsonl(self, request: Request, pk: str | None = None) -> StreamingHttpResponse:
+        """The rows as JSON lines: one object per row with its raw input and the model's output."""
+        job = self.get_object()
+        return export.response(job.rows.all(), f"job-{job.pk}-results", export.WRITERS["jsonl"])
 
     @extend_schema(request=None, responses={200: JobSerializer, 409: OpenApiResponse(description="the job has ended")})
     @action(detail=True, methods=["post"])
@@ -164,6 +188,10 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         job = self.get_object()
         if not job.is_terminal:
             raise Conflict(f"job {job.pk} is still {job.status}; retry it once it has ended")
+        if job.file_format == FileFormat.BATCH:
+            raise Conflict(
+                f"job {job.pk} is a batch: its output and error files are final; submit its failed lines as a new batch"
+            )
         requeued = lifecycle.retry_failed(job)
         if not requeued:
             raise Conflict(f"job {job.pk} has no failed rows to retry")

@@ -316,6 +316,16 @@ JOBS_PASS_TEXTS_BESIDE_ONLINE = env.int("JOBS_PASS_TEXTS_BESIDE_ONLINE", default
 JOBS_LOW_CONFIDENCE = env.float("JOBS_LOW_CONFIDENCE", default=0.5)
 # JOBS_RESULTS_PAGE_SIZE: rows per page of GET /api/v1/jobs/<id>/results.
 JOBS_RESULTS_PAGE_SIZE = env.int("JOBS_RESULTS_PAGE_SIZE", default=100)
+# JOBS_BATCH_WINDOW_S: how long a batch (OpenAI Batch API, completion_window "24h") may take; past it,
+# its unfinished lines expire and the lines done are kept. Tests shorten it.
+JOBS_BATCH_WINDOW_S = env.float("JOBS_BATCH_WINDOW_S", default=24 * 3600.0)
+# JOBS_BATCH_FINALIZE_S: how often the offline worker looks for ended batches whose output files to write.
+JOBS_BATCH_FINALIZE_S = env.float("JOBS_BATCH_FINALIZE_S", default=1.0)
+# JOBS_MAX_FILES_PER_USER: most files (OpenAI Files API uploads) one user may keep stored at once.
+JOBS_MAX_FILES_PER_USER = env.int("JOBS_MAX_FILES_PER_USER", default=100)
+# JOBS_INLINE_INGEST_BYTES: an upload at most this large is read into rows in the upload request itself
+# (milliseconds), not by an offline worker, where its ingest would wait for the batch in progress.
+JOBS_INLINE_INGEST_BYTES = env.int("JOBS_INLINE_INGEST_BYTES", default=64 * 1024)
 # JOBS_MAX_INGESTING_PER_USER: uploads of one user being read at once; more get 429 (ingests run one at
 # a time on the offline worker, so one user's dozens would hold every other user's behind them).
 JOBS_MAX_INGESTING_PER_USER = env.int("JOBS_MAX_INGESTING_PER_USER", default=2)

@@ -29,6 +29,8 @@ def small_limits(settings):
     settings.JOBS_INGEST_BATCH_ROWS = 40
     settings.JOBS_MAX_ROWS = 5000
     settings.JOBS_MAX_INGESTING_PER_USER = 100
+    # These tests drive the worker-side ingest themselves; a small file would otherwise be read in the request.
+    settings.JOBS_INLINE_INGEST_BYTES = 0
 
 
 def csv_bytes(rows: int) -> bytes:
@@ -54,6 +56,20 @@ def test_create_checks_the_start_and_stores_the_file(monkeypatch):
         lifecycle.create_job(owner=job.owner, model="router", upload=io.BytesIO(data), filename="f.csv",
                              text_column="body")  # fmt: skip
     assert Job.objects.count() == 1
+
+
+def test_a_small_file_is_read_in_the_request_and_queued_at_once(settings):
+    settings.JOBS_INLINE_INGEST_BYTES = 64 * 1024
+    data = csv_bytes(120)
+    job = new_job(data)
+    assert (job.status, job.total_rows, job.upload_bytes) == ("queued", 120, len(data))
+    assert job.chunks.count() == 3 and not UploadPart.objects.filter(job=job).exists()
+    assert job.rows.filter(tokens__gt=0).count() == 120  # priced, as the fair share charges them
+    settings.JOBS_MAX_ROWS = 100
+    failed = new_job(csv_bytes(150))  # its problem past the checked start: the 202 already says so
+    assert (failed.status, failed.error) == ("failed", "the file has more than 100 data rows, the limit per job")
+    settings.JOBS_INLINE_INGEST_BYTES = len(data) - 1
+    assert new_job(data).status == "ingesting"  # one byte over: read by a worker
 
 
 def test_ingest_writes_rows_and_chunks_and_removes_the_upload(monkeypatch):

@@ -283,3 +283,18 @@ def test_a_quota_refusal_is_said_above_the_form(client, alice):
     assert "The job was not created. Quota of unfinished jobs reached: you have 1 jobs not yet ended" in alert
     assert "may have at most 1" in alert and "choose the CSV file again" in alert and "marked below" not in alert
     assert Job.objects.count() == 1
+
+
+def test_a_batch_shows_its_batch_id_on_the_list_and_its_page_and_offers_no_retry(client, alice):
+    from jobs.models import Batch, FileFormat
+
+    job = job_with_rows(alice, status=JobStatus.PARTIAL, labels=("billing", "shipping"))
+    JobRow.objects.filter(job=job, index=1).update(status=RowStatus.FAILED, error="input[0] is empty")
+    Job.objects.filter(pk=job.pk).update(file_format=FileFormat.BATCH, filename="requests.jsonl")
+    Batch.objects.create(public_id="batch_0123abc", job=job, endpoint="/v1/embeddings", expires_at=timezone.now())
+    job.refresh_counts()
+    listed = text_of(client.get(reverse("jobs:list")).content.decode())
+    assert "requests.jsonl batch_0123abc" in listed
+    page = text_of(client.get(reverse("jobs:detail", args=[job.pk])).content.decode())
+    assert "Batch batch_0123abc (/v1/embeddings)" in page
+    assert "Retry" not in page and "Download results (JSON lines)" in page

@@ -24,7 +24,7 @@ def stored_and_read_back(fields: dict, data: bytes) -> tuple[dict, list]:
 
 def test_the_detected_delimiter_is_stored_and_used_again():
     stored, rows = stored_and_read_back({}, b"key;body\nk1;hello, world\nk2;bye\n")
-    assert stored == {"encoding": "utf-8", "delimiter": ";"}
+    assert stored == {"file_format": "csv", "encoding": "utf-8", "delimiter": ";"}
     assert rows == [("k1", "hello, world"), ("k2", "bye")]
 
 
@@ -36,7 +36,7 @@ def test_a_delimiter_given_by_name_is_stored_as_its_character():
 def test_the_codec_a_byte_order_mark_chose_is_stored_not_the_one_given():
     data = codecs.BOM_UTF16_LE + "key,body\nk1,café\n".encode("utf-16-le")
     stored, rows = stored_and_read_back({"encoding": "utf-16"}, data)
-    assert stored == {"encoding": "utf-16-le", "delimiter": ","} and rows == [("k1", "café")]
+    assert stored == {"file_format": "csv", "encoding": "utf-16-le", "delimiter": ","} and rows == [("k1", "café")]
 
 
 def test_the_encoding_field_is_checked_when_the_reader_is_built():
