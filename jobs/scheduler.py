@@ -23,7 +23,7 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F, Sum
+from django.db.models import Count, F, Max, Sum
 from django.utils import timezone
 
 from inference.keys import WORKERS_KEY
@@ -218,9 +218,28 @@ def standing_of(job: Job) -> Standing | None:
     waiting, rate = standings()
     if job.pk in waiting:
         return waiting[job.pk]
-    # Nothing of it waits: its last chunks are sent or running.
+    # Nothing of it waits: its last chunks are sent or running, behind the other jobs' chunks sent before
+    # them (a small job arriving beside a big one waits for the big one's batch in progress and the chunk
+    # sent ahead: its ETA says so, not only its own rows' time).
     remaining = job.total_rows - job.done_rows - job.failed_rows
-    return Standing(0, 0, remaining / rate if rate else None, "")
+    ahead = rows_sent_before(job)
+    return Standing(0, ahead, (ahead + remaining) / rate if rate else None, "")
+
+
+def rows_sent_before(job: Job) -> int:
+    """Other jobs' rows in chunks sent no later than this job's last one and not yet done: they run first.
+
+    A running chunk counts whole (its rows' progress is not tracked per chunk), so this errs long by at most
+    the batch in progress.
+    """
+    in_flight = Chunk.objects.filter(
+        status__in=[ChunkStatus.QUEUED, ChunkStatus.RUNNING], dispatched_at__isnull=False, job__status__in=RUNNABLE
+    )
+    last = in_flight.filter(job=job).aggregate(last=Max("dispatched_at"))["last"]
+    if last is None:
+        return 0
+    before = in_flight.filter(dispatched_at__lte=last).exclude(job=job)
+    return before.aggregate(rows=Sum(F("end_index") - F("first_index")))["rows"] or 0
 
 
 def _compute_standings(rate: float) -> dict[int, Standing]:

@@ -111,7 +111,7 @@ def test_every_object_matches_its_schema_and_names_only_fields_the_schema_knows(
     if not (VALIDATOR.parent / "node_modules").is_dir():
         pytest.skip("the schema packages are not installed: run `npm ci --prefix tests/deploy` (.ci/run does)")
     kinds = {o["kind"] for o in objects}
-    assert {"Deployment", "ScaledObject", "TriggerAuthentication", "PodDisruptionBudget", "Job"} <= kinds
+    assert {"Deployment", "ScaledObject", "PodDisruptionBudget", "Job"} <= kinds
     result = subprocess.run([node, str(VALIDATOR)], input=json.dumps(objects), capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == f"valid: {len(objects)} objects"
@@ -201,24 +201,18 @@ def test_every_online_group_of_the_models_file_has_a_worker_and_a_scaler_on_its_
         scaler = scalers[name]
         assert scaler["spec"]["scaleTargetRef"]["name"] == name
         triggers = scaler["spec"]["triggers"]
-        on_queue = [
-            t
-            for t in triggers
-            if (t["type"] == "prometheus" and f'queue="{queue}"' in t["metadata"]["query"])
-            or (t["type"] == "redis" and t["metadata"].get("listName") == queue)
-        ]
+        on_queue = [t for t in triggers if (t["type"] == "prometheus" and f'queue="{queue}"' in t["metadata"]["query"])]
         assert on_queue, f"{name} does not scale on {queue}"
 
 
-def test_the_offline_worker_scales_on_chunks_queued_with_the_redis_password_from_a_secret(objects):
+def test_the_offline_worker_scales_on_the_rows_queued_in_the_database(objects):
+    """Not on the `offline` Redis list: the fair-share scheduler sends it only a chunk or so per child."""
     deployment = workers(objects)["offline"]
     scaler = of_kind(objects, "ScaledObject")[deployment["metadata"]["name"]]
     (trigger,) = scaler["spec"]["triggers"]
-    assert trigger["type"] == "redis" and trigger["metadata"]["listName"] == "offline"
-    assert int(trigger["metadata"]["listLength"]) > 0
-    auth = of_kind(objects, "TriggerAuthentication")[trigger["authenticationRef"]["name"]]
-    params = {ref["parameter"]: ref for ref in auth["spec"]["secretTargetRef"]}
-    assert {"address", "password"} <= set(params)
+    assert trigger["type"] == "prometheus" and "offline_queued_rows" in trigger["metadata"]["query"]
+    assert int(trigger["metadata"]["threshold"]) > 0
+    assert scaler["metadata"]["labels"]["inference-platform/scaler"] == "prometheus"
 
 
 def test_nothing_scales_on_cpu_and_scaling_is_bounded_quick_up_and_slow_down(objects):
@@ -264,7 +258,7 @@ def test_no_secret_is_shipped_and_each_one_referenced_is_in_the_operations_guide
     assert not of_kind(objects, "Secret"), "Secrets are created by the operator, never shipped with values"
     guide = OPERATIONS.read_text()
     secrets = referenced_secrets(objects)
-    assert {name for name, _ in secrets} == {"inference-platform", "inference-flower", "inference-redis"}
+    assert {name for name, _ in secrets} == {"inference-platform", "inference-flower"}
     for name, key in secrets:
         assert f"create secret generic {name}" in guide, f"docs/operations.md does not say how to create {name}"
         if key is not None:

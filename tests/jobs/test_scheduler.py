@@ -269,6 +269,18 @@ def test_a_job_with_every_chunk_sent_stands_at_the_front(monkeypatch, committed)
     assert scheduler.standing_of(job) == scheduler.Standing(0, 0, pytest.approx(2 * 128 / 100), "")
 
 
+def test_a_job_sent_after_another_jobs_chunks_counts_them_in_its_eta(monkeypatch, committed):
+    monkeypatch.setattr(scheduler, "offline_children", lambda: 1)  # one place: the big job's chunk takes it
+    big = queued_job(user("ann"), 10)
+    committed(scheduler.refill)
+    small = queued_job(user("bob"), 1)
+    Chunk.objects.filter(job=big, dispatched_at__isnull=False).update(status=ChunkStatus.RUNNING)  # claimed
+    committed(scheduler.refill)  # the small job's one chunk goes next, behind the big one's running chunk
+    Job.objects.filter(pk__in=[big.pk, small.pk]).update(status=JobStatus.RUNNING)
+    small.refresh_from_db()
+    assert scheduler.standing_of(small) == scheduler.Standing(0, 128, pytest.approx((128 + 128) / 100), "")
+
+
 def test_the_api_shows_where_a_waiting_job_stands(committed):
     ann, bob = user("ann"), user("bob")
     queued_job(ann, 10, priority="high")
