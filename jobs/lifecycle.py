@@ -240,8 +240,11 @@ def _write_rows(job: Job, upload: PartsReader, limits: IngestLimits) -> list[lis
     total = 0
     prices: list[int] = []
 
+    # A text task's input is the row's text (a batch line may keep request options in `inputs`).
+    text_input = spec is None or takes_text(spec.task)
+
     def flush() -> int:
-        runnable = [(i, r.inputs if r.inputs is not None else r.text) for i, r in enumerate(batch) if not r.error]
+        runnable = [(i, r.text if text_input else r.inputs) for i, r in enumerate(batch) if not r.error]
         priced = price(spec, [item for _, item in runnable])
         costs = [0] * len(batch)  # a row that failed at ingest costs the model nothing
         for (i, _), cost in zip(runnable, priced, strict=True):

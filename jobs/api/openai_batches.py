@@ -51,6 +51,11 @@ def _not_found(kind: str, public_id: str, param: str | None = None) -> OpenAIErr
 class OpenAIView(APIView):
     """An APIView whose every error (DRF's own included: 401, 415, 429, parse errors) is in OpenAI's shape."""
 
+    def perform_content_negotiation(self, request: Request, force: bool = False):
+        # OpenAI's client asks for `application/binary` (file content) or `application/json`; these views
+        # answer with Django responses of their own type, so DRF's renderers must not refuse the Accept (406).
+        return super().perform_content_negotiation(request, force=True)
+
     def handle_exception(self, exc: Exception) -> Any:
         if isinstance(exc, OpenAIError):
             return exc.response()

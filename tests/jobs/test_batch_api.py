@@ -229,7 +229,7 @@ def test_batches_list_pages_with_after_and_limit(client):
 # --- cancel and expiry ---------------------------------------------------------------------------
 
 
-def _big_router_batch(client: OpenAI, rows: int = 2000):
+def _big_router_batch(client: OpenAI, rows: int = 1500):
     lines = [router_line(f"big-{i}", f"{TEXTS[i % 3]} (case {i})") for i in range(rows)]
     batch = submit(client, lines, endpoint="/api/v1/models/router/predict")
     wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 50, 120, "the batch's first rows")
@@ -238,13 +238,13 @@ def _big_router_batch(client: OpenAI, rows: int = 2000):
 
 def _check_kept_lines(client: OpenAI, batch, code: str) -> None:
     counts = batch.request_counts
-    assert counts.completed >= 50 and counts.completed + counts.failed == counts.total == 2000
+    assert counts.completed >= 50 and counts.completed + counts.failed == counts.total == 1500
     output = file_lines(client, batch.output_file_id)
     errors = file_lines(client, batch.error_file_id)
     assert len(output) == counts.completed and len(errors) == counts.failed
     assert all(line["response"]["status_code"] == 200 for line in output)
     assert {line["error"]["code"] for line in errors} == {code}
-    assert sorted(line["custom_id"] for line in output + errors) == sorted(f"big-{i}" for i in range(2000))
+    assert sorted(line["custom_id"] for line in output + errors) == sorted(f"big-{i}" for i in range(1500))
 
 
 def test_cancel_stops_the_batch_and_keeps_the_lines_done(client):
