@@ -95,6 +95,14 @@ def test_upload_runs_to_completion_with_every_row_exactly_once(stack):
     assert by_index[5]["label"] == "shipping"  # "where is my parcel 5"
 
 
+def test_a_small_upload_is_read_in_the_request_and_answers_queued(stack):
+    response = upload(stack, make_csv(20))
+    assert response.status_code == 202, response.text
+    job = response.json()
+    assert job["status"] in ("queued", "running", "succeeded") and job["total_rows"] == 20
+    assert wait_for_end(stack, job["id"])["done_rows"] == 20
+
+
 def test_results_are_paginated_and_filterable(stack):
     job = upload(stack, make_csv(120, empty_every=40)).json()
     wait_for_end(stack, job["id"])
