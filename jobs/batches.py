@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from inference.registry import get_registry
 from jobs import files, lifecycle, quotas
-from jobs.ingest import DecodedLines
+from jobs.ingest import DecodedLines, json_line_chars, storable
 from jobs.models import (
     TERMINAL,
     Batch,
@@ -55,6 +55,11 @@ class BatchRefused(Exception):
         self.status, self.code, self.message, self.param = status, code, message, param
 
 
+def id_like(value: Any) -> bool:
+    """Whether `value` could be an id at all (a string the database can compare): anything else is not found."""
+    return isinstance(value, str) and len(value) <= 100 and _text(value)
+
+
 def endpoints_served() -> list[str]:
     registry = get_registry()
     return [EMBEDDINGS_ENDPOINT, *(f"/api/v1/models/{name}/predict" for name in registry.names())]
@@ -80,7 +85,8 @@ def first_line_model(stored: StoredFile) -> str:
     """`body.model` of the file's first line ("" when it has none): an embeddings batch runs that model, and
     its validation says so for every line that names another."""
     try:
-        line = next((line for line in DecodedLines(files.reader(stored), "utf-8") if line.strip()), "")
+        lines = DecodedLines(files.reader(stored), "utf-8", json_line_chars(settings.JOBS_MAX_TEXT_CHARS))
+        line = next((line for line in lines if line.strip()), "")
         model = json.loads(line).get("body", {}).get("model")
     except Exception:  # any problem with the line is the validation's to report, with its line number
         return ""
@@ -98,7 +104,7 @@ def create_batch(
 ) -> Batch:
     """Create a batch from a stored `purpose=batch` file; it answers `validating` (or, for a small file read
     at once, already `in_progress` or `failed`)."""
-    stored = StoredFile.objects.filter(public_id=str(input_file_id), owner=owner).first()
+    stored = files.visible(owner).filter(public_id=input_file_id).first() if id_like(input_file_id) else None
     if stored is None:
         raise BatchRefused(404, "not_found", f"No such File object: {str(input_file_id)[:80]}", "input_file_id")
     if stored.purpose != FilePurpose.BATCH:
@@ -153,13 +159,19 @@ def _check_metadata(metadata: Any) -> None:
     if not isinstance(metadata, dict) or len(metadata) > 16:
         raise BatchRefused(400, "invalid_value", "`metadata` must be an object of at most 16 pairs", "metadata")
     for key, value in metadata.items():
-        if not isinstance(value, str) or len(key) > 64 or len(value) > 512:
+        if not isinstance(value, str) or len(key) > 64 or len(value) > 512 or not _text(key) or not _text(value):
             raise BatchRefused(
                 400,
                 "invalid_value",
-                "`metadata` keys must be at most 64 characters and its values strings of at most 512",
+                "`metadata` keys must be at most 64 characters and its values strings of at most 512, of text "
+                "(no NUL, no lone surrogate)",
                 "metadata",
             )
+
+
+def _text(value: str) -> bool:
+    """Whether the database can store `value` as it is (no NUL, no lone surrogate)."""
+    return storable(value) == value
 
 
 def batch_status(batch: Batch) -> str:

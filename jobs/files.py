@@ -14,7 +14,8 @@ from datetime import datetime
 from typing import IO
 
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
+from django.utils import timezone
 
 from jobs.models import FilePart, Job, StoredFile
 
@@ -124,6 +125,12 @@ def content(stored: StoredFile) -> Iterator[bytes]:
 
 def reader(stored: StoredFile) -> PartsReader:
     return PartsReader(FilePart.objects.filter(file=stored))
+
+
+def visible(owner) -> QuerySet[StoredFile]:
+    """The owner's files, less those past their expiry (deleted by the next retention run)."""
+    now = timezone.now()
+    return StoredFile.objects.filter(owner=owner).filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now))
 
 
 def expired_uploads(now: datetime) -> QuerySet[StoredFile]:

@@ -180,8 +180,11 @@ def codec_for(head: bytes, encoding: str) -> tuple[str, int]:
 class DecodedLines:
     """Decoded lines of a binary file (each ending in "\\n" but the last), counting lines for error messages."""
 
-    def __init__(self, binary: Readable, encoding: str) -> None:
+    def __init__(self, binary: Readable, encoding: str, max_line_chars: int | None = None) -> None:
         self.binary = binary
+        # JSON formats: a line is parsed whole, at ~26x its size in memory for a line of empty objects, so
+        # one longer than any legal line is refused before it is held (CSV lines may be split by quotes).
+        self.max_line_chars = max_line_chars
         self.first = binary.read(BLOCK_BYTES)
         self.codec, skip = codec_for(self.first, encoding)
         self.first = self.first[skip:]
@@ -190,6 +193,7 @@ class DecodedLines:
 
     def __iter__(self) -> Iterator[str]:
         partial: list[str] = []  # the current line so far (a list: a huge line must not be copied per block)
+        partial_chars = 0
         block = self.first
         while True:
             final = not block
@@ -203,17 +207,28 @@ class DecodedLines:
                 pieces = text.split("\n")
                 pieces[0] = "".join(partial) + pieces[0]
                 partial = [pieces.pop()] if pieces[-1] else []
+                partial_chars = len(partial[0]) if partial else 0
                 for line in pieces:
+                    self._check_length(self.line_no + 1, len(line))
                     self.line_no += 1
                     yield line + "\n"
             elif text:
                 partial.append(text)
+                partial_chars += len(text)
+            self._check_length(self.line_no + 1, partial_chars)
             if final:
                 break
             block = self.binary.read(BLOCK_BYTES)
         if partial:
             self.line_no += 1
             yield "".join(partial)
+
+    def _check_length(self, line_no: int, chars: int) -> None:
+        if self.max_line_chars is not None and chars > self.max_line_chars:
+            raise IngestError(
+                f"line {line_no} is longer than {self.max_line_chars} characters, more than any valid line "
+                "holds (JOBS_MAX_TEXT_CHARS per value)"
+            )
 
     def _error(self, exc: UnicodeDecodeError, partial: str) -> IngestError:
         before = partial + exc.object[: exc.start].decode(self.codec, errors="replace")
@@ -235,6 +250,22 @@ class Row(NamedTuple):
     text: str
     error: str
     inputs: dict[str, str] | None = None
+
+
+def storable(value: str) -> str:
+    """`value` as the database can keep it: without NUL characters, and lone surrogates (which JSON's
+    "\\ud800" escapes can make, and UTF-8 cannot encode) replaced by "?"."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        value = value.encode("utf-8", "replace").decode("utf-8")
+    return strip_nul(value)
+
+
+def json_line_chars(max_text_chars: int) -> int:
+    """The longest JSON line a reader holds: a few values at the limit (escaped, up to 6 characters each
+    for a "\\uXXXX"), plus room for the rest of the object."""
+    return 6 * 2 * max_text_chars + 64 * 1024
 
 
 def strip_nul(value: str) -> str:

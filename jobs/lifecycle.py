@@ -118,7 +118,12 @@ def ingest_soon(job: Job) -> None:
     stored, and the reconciler queues its ingest.
     """
     if job.upload_bytes <= settings.JOBS_INLINE_INGEST_BYTES:
-        run_ingest(job.pk)
+        try:
+            run_ingest(job.pk)
+        except Exception:  # the job exists already: an offline worker reads it instead, no 500 for the client
+            logger.exception("job %s: reading the small file in the request failed; queued for a worker", job.pk)
+            Job.objects.filter(pk=job.pk, status=JobStatus.INGESTING).update(ingest_claimed_at=None)
+            enqueue_ingest(job.pk)
         job.refresh_from_db()
     else:
         enqueue_ingest(job.pk)
@@ -144,13 +149,18 @@ def _stored_parts(job: Job):
     """The slices the job's file is read from: its own upload's, or (a batch) its input file's."""
     if job.file_format == FileFormat.BATCH:
         file_id = Batch.objects.filter(job=job).values_list("input_file_id", flat=True).first()
+        if file_id is None:  # the input file was deleted (the batch keeps no link to it)
+            raise PartsGone
         return FilePart.objects.filter(file_id=file_id)
     return UploadPart.objects.filter(job=job)
 
 
 def upload_stored(job: Job) -> bool:
     """Whether the file the job's ingest reads is still stored (the reconciler asks before queuing it again)."""
-    return _stored_parts(job).exists()
+    try:
+        return _stored_parts(job).exists()
+    except PartsGone:
+        return False
 
 
 class _Stop(Exception):
@@ -169,9 +179,9 @@ def run_ingest(job_id: int) -> None:
         return  # ingested, cancelled, or another worker is on it: a duplicate message
     limits = ingest_limits()
     JobRow.objects.filter(job=job).delete()  # what an interrupted earlier attempt wrote
-    upload = PartsReader(_stored_parts(job))
     reader = readers.reader_for(job)
     try:
+        upload = PartsReader(_stored_parts(job))
         if reader.validate(PartsReader(_stored_parts(job)), limits=limits) is not None:
             # A batch whose every line passed: `in_progress` from here, while its rows are written.
             Batch.objects.filter(job=job, in_progress_at__isnull=True).update(in_progress_at=timezone.now())

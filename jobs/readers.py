@@ -28,8 +28,10 @@ from jobs.ingest import (
     check_encoding,
     column_field,
     in_task_order,
+    json_line_chars,
     numbered_rows,
     read_start,
+    storable,
     strip_nul,
 )
 from jobs.models import FileFormat
@@ -213,7 +215,7 @@ class JsonlReader:
     def _open(
         self, binary: Readable, columns: Mapping[str, str], id_column: str, limits: IngestLimits
     ) -> tuple[JsonlReader, Iterator[Row]]:
-        source = DecodedLines(binary, self.encoding)
+        source = DecodedLines(binary, self.encoding, json_line_chars(limits.max_text_chars))
         fields = in_task_order(columns)
 
         def records() -> Iterator[tuple[str, dict[str, str]]]:
@@ -240,6 +242,8 @@ def _json_object(line: str, line_no: int) -> dict:
         record = json.loads(line)
     except ValueError as exc:
         raise IngestError(f"line {line_no}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise IngestError(f"line {line_no}: not valid JSON (nested too deep)") from None
     if not isinstance(record, dict):
         raise IngestError(f"line {line_no}: each line must be a JSON object, got {type(record).__name__}")
     return record
@@ -248,7 +252,7 @@ def _json_object(line: str, line_no: int) -> dict:
 def _value(value: object) -> str:
     """A JSON value as a cell's text: strings as they are, numbers written out, anything else empty."""
     if isinstance(value, str):
-        return strip_nul(value)
+        return storable(value)
     if isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)
     return ""
@@ -292,8 +296,17 @@ class BatchRequestReader:
         # ~90 MB so (a false duplicate between two ids needs a 64-bit collision: about 1 in 10^7 for a million).
         seen: dict[int, int] = {}
         spec = self._spec()
-        source = DecodedLines(binary, "utf-8")
-        for line in source:
+        source = DecodedLines(binary, "utf-8", json_line_chars(limits.max_text_chars))
+        lines = iter(source)
+        while True:
+            try:
+                line = next(lines, None)
+            except IngestError as error:  # a line too long to hold, or bytes that are not UTF-8
+                errors.append(_problem(source.line_no + 1, "invalid_line", error.message))
+                failed_lines += 1
+                break
+            if line is None:
+                break
             if not line.strip():
                 continue
             problem, _ = self._envelope(line, source.line_no, spec, seen)
@@ -321,7 +334,7 @@ class BatchRequestReader:
     ) -> Iterator[Row]:
         """The requests as rows, once `validate` has passed (a line found bad here still fails the batch)."""
         spec = self._spec()
-        source = DecodedLines(binary, "utf-8")
+        source = DecodedLines(binary, "utf-8", json_line_chars(limits.max_text_chars))
         index = 0
         for line in source:
             if not line.strip():
@@ -345,16 +358,18 @@ class BatchRequestReader:
             request = json.loads(line)
         except ValueError as exc:
             return _problem(line_no, "invalid_json_line", f"not valid JSON ({exc})"), None
+        except RecursionError:
+            return _problem(line_no, "invalid_json_line", "not valid JSON (nested too deep)"), None
         if not isinstance(request, dict):
             return _problem(line_no, "invalid_request", "each line must be a JSON object"), None
         custom_id = request.get("custom_id")
         if not isinstance(custom_id, str) or not custom_id:
             return _problem(line_no, "missing_custom_id", "`custom_id` must be a non-empty string", "custom_id"), None
-        if len(custom_id) > 255 or "\x00" in custom_id:
+        if len(custom_id) > 255 or storable(custom_id) != custom_id:
             return _problem(
                 line_no,
                 "invalid_custom_id",
-                "`custom_id` must be at most 255 characters, without NUL characters",
+                "`custom_id` must be at most 255 characters of text (no NUL, no lone surrogate)",
                 "custom_id",
             ), None
         if seen is not None:
@@ -397,7 +412,8 @@ class BatchRequestReader:
 
 
 def _problem(line: int, code: str, message: str, param: str | None = None) -> dict:
-    return {"line": line, "code": code, "message": message, "param": param}
+    # Messages quote the line's values, which may hold what the database cannot (NUL, lone surrogates).
+    return {"line": line, "code": code, "message": storable(message), "param": param}
 
 
 EMBEDDINGS_ENDPOINT = "/v1/embeddings"
@@ -420,17 +436,18 @@ def _request_row(index: int, custom_id: str, body: dict, spec, endpoint: str, li
                 )
             checked = parse_embeddings_request(body, get_registry(), max_inputs=1, max_chars=limits.max_text_chars)
             options = {"encoding_format": checked.encoding_format} if checked.encoding_format != "float" else None
-            return Row(index, custom_id, strip_nul(checked.texts[0]), "", options)
+            return Row(index, custom_id, storable(checked.texts[0]), "", options)
         inputs = validate_inputs(body, max_inputs=1, max_chars=limits.max_text_chars, task=spec.task, model=spec.name)
-        # NUL characters are dropped (PostgreSQL text cannot hold them), as in CSV and JSON lines cells.
+        # NUL characters are dropped and lone surrogates replaced (the database cannot hold them), as in
+        # CSV and JSON lines cells.
         if takes_text(spec.task):
-            return Row(index, custom_id, strip_nul(inputs[0]), "")
-        values = {field: strip_nul(inputs[0][field]) for field in input_fields(spec.task)}
+            return Row(index, custom_id, storable(inputs[0]), "")
+        values = {field: storable(inputs[0][field]) for field in input_fields(spec.task)}
         return Row(index, custom_id, values[input_fields(spec.task)[0]], "", values)
     except ApiError as error:
         text = body.get("input") if endpoint == EMBEDDINGS_ENDPOINT else body.get("inputs")
         shown = text if isinstance(text, str) else json.dumps(text)[:1000] if text is not None else ""
-        return Row(index, custom_id, strip_nul(shown)[: limits.max_text_chars + 1], error.detail[:500])
+        return Row(index, custom_id, storable(shown)[: limits.max_text_chars + 1], storable(error.detail[:500]))
 
 
 def from_upload(fields: Mapping[str, object]) -> Reader:

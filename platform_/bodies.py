@@ -30,10 +30,10 @@ from django.http import HttpResponse, JsonResponse
 
 from platform_.errors import ApiError
 
-# The endpoints that take a CSV upload: POST /api/v1/jobs (jobs/api/urls.py) and the upload form on
-# the job list page (jobs/urls.py). "api" answers 401 JSON; "page" redirects to the login form, as
+# The endpoints that take a file upload: POST /api/v1/jobs (jobs/api/urls.py), the upload form on
+# the job list page (jobs/urls.py) and OpenAI's POST /v1/files (jobs/api/openai_batches.py). "api" answers 401 JSON; "page" redirects to the login form, as
 # login_required would.
-UPLOAD_ENDPOINTS = {"/api/v1/jobs": "api", "/jobs/": "page"}
+UPLOAD_ENDPOINTS = {"/api/v1/jobs": "api", "/jobs/": "page", "/v1/files": "api"}
 
 
 def upload_limit_bytes() -> int:
@@ -46,12 +46,16 @@ def other_limit_bytes() -> int:
     return settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 
 
-def too_large(limit: int, length: int | None = None) -> HttpResponse:
+def too_large(limit: int, length: int | None = None, path: str = "") -> HttpResponse:
     size = f"is {length} bytes" if length is not None else "passed the limit as it arrived"
-    response = JsonResponse(
-        {"detail": f"the request body {size}; the limit is {limit} bytes", "code": "payload_too_large"},
-        status=413,
-    )
+    detail = f"the request body {size}; the limit is {limit} bytes"
+    if path.startswith("/v1/"):  # OpenAI's API: its clients read errors in OpenAI's shape
+        body = {
+            "error": {"message": detail, "type": "invalid_request_error", "param": None, "code": "payload_too_large"}
+        }
+    else:
+        body = {"detail": detail, "code": "payload_too_large"}
+    response = JsonResponse(body, status=413)
     response["Connection"] = "close"
     return response
 
@@ -89,7 +93,7 @@ async def anonymous_upload_refusal(scope: dict, kind: str, auth: Any) -> HttpRes
     """
     request = ASGIRequest(scope, io.BytesIO())  # headers and cookies only: the body stays unread
     header = request.headers.get("Authorization", "")
-    if kind == "api" and header.partition(" ")[0].lower() == "token":
+    if kind == "api" and header.partition(" ")[0].lower() in ("token", "bearer"):
         try:
             await auth.user_for_token(header.partition(" ")[2].strip(), request.META.get("REMOTE_ADDR", ""))
             return None
@@ -121,7 +125,7 @@ class BodyGuard:
         limit = upload_limit_bytes() if kind else other_limit_bytes()
         length = declared_length(scope)
         if length is not None and length > limit:
-            await send_response(send, too_large(limit, length))
+            await send_response(send, too_large(limit, length, scope["path"]))
             return
         if kind and (refusal := await anonymous_upload_refusal(scope, kind, self.auth)) is not None:
             refusal["Connection"] = "close"
@@ -153,7 +157,7 @@ class BodyGuard:
             received += len(message.get("body", b""))
             if received > limit:
                 refused = True
-                await send_response(send, too_large(limit))
+                await send_response(send, too_large(limit, path=scope["path"]))
                 # To `app` the caller hung up: Django's handler drops the body and sends nothing.
                 return {"type": "http.disconnect"}
             if chunked and not message.get("more_body", False):

@@ -40,6 +40,8 @@ JOBS_ENV = {
     # Files up to 4 KB (about 100 rows of make_csv) are read in the upload request; larger ones by the
     # offline worker, so both paths run (the tests that stop the worker mid-ingest upload more).
     "JOBS_INLINE_INGEST_BYTES": "4096",
+    # The job and batch tests create a few hundred jobs, files and batches as "tester" within minutes.
+    "JOBS_CREATE_RATE": "300/min",
     # Callbacks to the tests' receivers on 127.0.0.1, retried after 0.2 s, 0.4 s, ...
     "JOBS_CALLBACK_ALLOW_PRIVATE": "1",
     "JOBS_CALLBACK_BACKOFF_S": "0.2",

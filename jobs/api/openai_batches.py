@@ -16,10 +16,14 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q, QuerySet
+from django.contrib.auth import get_user_model
+from django.core.exceptions import SuspiciousOperation
+from django.db import transaction
+from django.db.models import QuerySet
 from django.http import JsonResponse, StreamingHttpResponse
 from django.urls import path
 from django.utils import timezone
+from django.utils.http import content_disposition_header
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
@@ -27,11 +31,13 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from inference.api.openai_compat import OpenAIError, openai_error
+from inference.validation import parse_json_body
 from jobs import batches, files
 from jobs.api.throttles import JobCreateThrottle
 from jobs.api.views import job_create_refusal
+from jobs.batches import id_like
 from jobs.callbacks import CallbackRefused, check_destination
-from jobs.ingest import IngestError
+from jobs.ingest import IngestError, storable
 from jobs.models import Batch, CallbackSecret, FilePurpose, StoredFile
 from platform_.errors import ApiError
 
@@ -48,6 +54,21 @@ def _not_found(kind: str, public_id: str, param: str | None = None) -> OpenAIErr
     return OpenAIError(404, "not_found", f"No such {kind} object: {public_id[:80]}", param=param)
 
 
+class BoundedJSONParser(JSONParser):
+    """JSON bodies checked as predict's are (depth and number limits: 400, never a RecursionError's 500)."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            return parse_json_body(
+                "application/json",
+                stream.read() if stream is not None else b"",
+                max_depth=settings.ONLINE_MAX_JSON_DEPTH,
+                max_number_digits=settings.ONLINE_MAX_NUMBER_DIGITS,
+            )
+        except ApiError as error:
+            raise exceptions.ParseError(error.detail) from None
+
+
 class OpenAIView(APIView):
     """An APIView whose every error (DRF's own included: 401, 415, 429, parse errors) is in OpenAI's shape."""
 
@@ -59,6 +80,8 @@ class OpenAIView(APIView):
     def handle_exception(self, exc: Exception) -> Any:
         if isinstance(exc, OpenAIError):
             return exc.response()
+        if isinstance(exc, SuspiciousOperation):  # too many form fields or files: Django would answer HTML
+            return _invalid(f"the request was refused: {exc}", None, "invalid_request").response()
         if isinstance(exc, exceptions.APIException):
             headers = {}
             if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
@@ -89,7 +112,7 @@ def _page(items: QuerySet, request: Request, to_object) -> JsonResponse:
         raise _invalid("`limit` must be a whole number from 1 to 100", "limit")
     after = request.query_params.get("after")
     if after:
-        cursor = items.filter(public_id=after).values_list("pk", flat=True).first()
+        cursor = items.filter(public_id=after).values_list("pk", flat=True).first() if id_like(after) else None
         if cursor is None:
             raise _invalid(f"`after` is not an id in this list: {after[:80]}", "after")
         items = items.filter(pk__lt=cursor)
@@ -124,8 +147,7 @@ def file_object(stored: StoredFile) -> dict[str, Any]:
 
 
 def visible_files(user) -> QuerySet[StoredFile]:
-    """The caller's files, less those past their expiry (deleted by the next retention run)."""
-    return StoredFile.objects.filter(owner=user).filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
+    return files.visible(user)
 
 
 def _expires_at(data: Any) -> Any:
@@ -175,27 +197,33 @@ class FilesView(OpenAIView):
                 "file_too_large",
                 status=413,
             )
-        kept = visible_files(request.user).filter(purpose=FilePurpose.BATCH).count()
-        if kept >= settings.JOBS_MAX_FILES_PER_USER:
-            raise _invalid(
-                f"you keep {kept} uploaded files, the limit per user; delete some (DELETE /v1/files/<id>)",
-                "file",
-                "quota_files",
-                status=429,
-            )
         expires_at = _expires_at(request.data)
-        stored = files.store_upload(request.user, purpose, upload.name or "upload.jsonl", upload.open("rb"), expires_at)
+        with transaction.atomic():
+            # The user's row locked: two uploads at once cannot both pass the count.
+            get_user_model().objects.select_for_update().filter(pk=request.user.pk).first()
+            kept = visible_files(request.user).filter(purpose=FilePurpose.BATCH).count()
+            if kept >= settings.JOBS_MAX_FILES_PER_USER:
+                raise _invalid(
+                    f"you keep {kept} uploaded files, the limit per user; delete some (DELETE /v1/files/<id>)",
+                    "file",
+                    "quota_files",
+                    status=429,
+                )
+            name = storable(upload.name or "upload.jsonl")
+            stored = files.store_upload(request.user, purpose, name, upload.open("rb"), expires_at)
         return JsonResponse(file_object(stored))
 
     def get(self, request: Request) -> JsonResponse:
         items = visible_files(request.user)
         if purpose := request.query_params.get("purpose"):
+            if purpose not in FilePurpose.values:
+                raise _invalid(f"`purpose` must be one of {', '.join(FilePurpose.values)}", "purpose")
             items = items.filter(purpose=purpose)
         return _page(items, request, file_object)
 
 
 def _file(request: Request, file_id: str) -> StoredFile:
-    stored = visible_files(request.user).filter(public_id=file_id).first()
+    stored = visible_files(request.user).filter(public_id=file_id).first() if id_like(file_id) else None
     if stored is None:
         raise _not_found("File", file_id)
     return stored
@@ -222,7 +250,7 @@ class FileContentView(OpenAIView):
         stored = _file(request, file_id)
         response = StreamingHttpResponse(files.content(stored), content_type="application/octet-stream")
         response["Content-Length"] = str(stored.bytes)
-        response["Content-Disposition"] = f'attachment; filename="{stored.filename}"'
+        response["Content-Disposition"] = content_disposition_header(True, stored.filename)
         return response
 
 
@@ -238,7 +266,7 @@ def _batches(user) -> QuerySet[Batch]:
 
 
 def _batch(request: Request, batch_id: str) -> Batch:
-    batch = _batches(request.user).filter(public_id=batch_id).first()
+    batch = _batches(request.user).filter(public_id=batch_id).first() if id_like(batch_id) else None
     if batch is None:
         raise _not_found("Batch", batch_id)
     return batch
@@ -266,7 +294,7 @@ def _callback_url(user, value: Any) -> str:
 class BatchesView(OpenAIView):
     """POST /v1/batches, GET /v1/batches."""
 
-    parser_classes = [JSONParser]
+    parser_classes = [BoundedJSONParser]
 
     def get_throttles(self):
         return [JobCreateThrottle()] if self.request.method == "POST" else []
@@ -277,7 +305,8 @@ class BatchesView(OpenAIView):
             raise _invalid("the body must be a JSON object")
         for name in data:
             if name not in BATCH_FIELDS:
-                raise _invalid(f"Unrecognized request argument supplied: {name}", name, "unknown_parameter")
+                shown = name[:64]
+                raise _invalid(f"Unrecognized request argument supplied: {shown}", shown, "unknown_parameter")
         for name in ("input_file_id", "endpoint", "completion_window"):
             if name not in data:
                 raise _invalid(f"you must provide `{name}`", name, "missing_required_parameter")
@@ -313,10 +342,12 @@ class BatchView(OpenAIView):
 class BatchCancelView(OpenAIView):
     """POST /v1/batches/{id}/cancel: `cancelling` at once, `cancelled` once the lines done are written out."""
 
-    parser_classes = [JSONParser]
+    parser_classes = [BoundedJSONParser]
 
     def post(self, request: Request, batch_id: str) -> JsonResponse:
         batch = _batch(request, batch_id)
+        if batches.batch_status(batch) == "cancelling":  # asked again while it stops: the same answer
+            return JsonResponse(batches.batch_object(batch))
         if not batches.cancel_batch(batch):
             raise _invalid(
                 f"batch {batch_id} cannot be cancelled: it is {batches.batch_status(batch)}",

@@ -67,3 +67,19 @@ def _file(data: bytes):
     from django.core.files.uploadedfile import SimpleUploadedFile
 
     return SimpleUploadedFile("rows.csv", data, content_type="text/csv")
+
+
+def test_a_burst_across_a_windows_edge_is_held_to_the_rate(api, settings, monkeypatch):
+    from jobs.api import throttles
+
+    settings.JOBS_RESULTS_RATE = "3/min"
+    job = job_with_rows(api.owner)
+    clock = [60 * 1_000_000 + 58.0]  # two seconds before a minute's edge
+    monkeypatch.setattr(throttles._SettingsRateThrottle, "timer", lambda self: clock[0])
+    url = f"/api/v1/jobs/{job.pk}/results"
+    assert [api.get(url).status_code for _ in range(3)] == [200, 200, 200]
+    clock[0] += 4  # just past the edge: the sliding minute still holds the three
+    refused = api.get(url)
+    assert refused.status_code == 429 and 1 <= int(refused["Retry-After"]) <= 60
+    clock[0] += 40  # two thirds of the previous window has slid out: room for one more
+    assert api.get(url).status_code == 200
