@@ -61,7 +61,11 @@ class JobSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def _standing(self, job: Job) -> Standing | None:
-        return standing_of(job)
+        # Four fields read it: computed once per job and answer (a sent job's costs a query).
+        cache = self.__dict__.setdefault("_standings", {})
+        if job.pk not in cache:
+            cache[job.pk] = standing_of(job)
+        return cache[job.pk]
 
     def get_eta_s(self, job: Job) -> float | None:
         standing = self._standing(job)
