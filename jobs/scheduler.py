@@ -200,12 +200,16 @@ _cache: tuple[float, dict[int, Standing], float] | None = None
 _STANDING_TTL_S = 3.0
 
 
-def standings() -> tuple[dict[int, Standing], float]:
+def _has_unsent_chunks(job: Job) -> bool:
+    return Chunk.objects.filter(job=job, status=ChunkStatus.QUEUED, dispatched_at__isnull=True).exists()
+
+
+def standings(fresh: bool = False) -> tuple[dict[int, Standing], float]:
     """Every waiting job's standing, and the offline rows/s they were computed with (cached for a moment:
-    pages poll, and the forecast is of the whole backlog)."""
+    pages poll, and the forecast is of the whole backlog); `fresh` computes them again now."""
     global _cache
     now = time.monotonic()
-    if _cache is None or now - _cache[0] >= _STANDING_TTL_S:
+    if fresh or _cache is None or now - _cache[0] >= _STANDING_TTL_S:
         rate = offline_rows_per_s()
         _cache = (now, _compute_standings(rate), rate)
     return _cache[1], _cache[2]
@@ -216,6 +220,8 @@ def standing_of(job: Job) -> Standing | None:
     if job.status not in RUNNABLE:
         return None
     waiting, rate = standings()
+    if job.pk not in waiting and _has_unsent_chunks(job):  # queued after the standings were computed
+        waiting, rate = standings(fresh=True)
     if job.pk in waiting:
         return waiting[job.pk]
     # Nothing of it waits: its last chunks are sent or running, behind the other jobs' chunks sent before

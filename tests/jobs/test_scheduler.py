@@ -294,3 +294,14 @@ def test_the_api_shows_where_a_waiting_job_stands(committed):
     # (the normal band's next turn comes after 20 of them, 400:20) before bob's second.
     assert (shown["chunks_ahead"], shown["rows_ahead"]) == (1, 10 * 128)
     assert shown["eta_s"] == round((12 * 128) / 100, 1)
+
+
+def test_a_job_queued_after_the_standings_were_computed_gets_its_own_not_the_front(monkeypatch):
+    monkeypatch.setattr(scheduler, "offline_children", lambda: 1)
+    queued_job(user("ann"), 10)
+    scheduler.standings()  # computed (and cached) before bob's job exists
+    late = queued_job(user("bob"), 1)
+    standing = scheduler.standing_of(late)
+    assert standing.waiting_reason == "sharing the offline workers with 1 other user's jobs of normal priority"
+    # Not "all sent, nothing ahead" (its own 128 rows alone, 1.28 s): ann's next chunk goes first.
+    assert (standing.chunks_ahead, standing.rows_ahead, standing.eta_s) == (1, 128, pytest.approx(2 * 128 / 100))
