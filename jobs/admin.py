@@ -326,7 +326,7 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.action(description="Export results of selected jobs (CSV)", permissions=["operate"])
     def export_results(self, request: HttpRequest, queryset: QuerySet[Job]) -> StreamingHttpResponse:
-        return export.csv_response(JobRow.objects.filter(job__in=queryset), "jobs-results.csv")
+        return export.csv_response(request, JobRow.objects.filter(job__in=queryset), "jobs-results.csv")
 
     # Per-job buttons on the job page (templates/admin/jobs/job/change_form.html) ---------------
 
@@ -392,7 +392,7 @@ class JobAdmin(admin.ModelAdmin):
 
     def export_view(self, request: HttpRequest, job_id: int) -> StreamingHttpResponse:
         job = self._operated_job(request, job_id)
-        return export.csv_response(job.rows.all(), f"job-{job.pk}-results.csv")
+        return export.csv_response(request, job.rows.all(), f"job-{job.pk}-results.csv")
 
 
 # Row review ----------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from django.http import StreamingHttpResponse
 
 from inference.registry import get_registry
 from jobs.models import Job, JobRow
+from platform_.streams import streaming_response
 
 
 def filtered_rows(job: Job, params: Mapping[str, str]) -> QuerySet[JobRow]:
@@ -197,12 +198,12 @@ def csv_lines(
         yield "".join(block)
 
 
-def response(rows: QuerySet[JobRow], stem: str, writer: Writer) -> StreamingHttpResponse:
+def response(request, rows: QuerySet[JobRow], stem: str, writer: Writer) -> StreamingHttpResponse:
     """The rows as a streamed download `<stem>.<extension>` in the writer's format, in job and row order."""
-    streamed = StreamingHttpResponse(writer.lines(rows.order_by("job_id", "index")), content_type=writer.content_type)
+    streamed = streaming_response(request, writer.lines(rows.order_by("job_id", "index")), writer.content_type)
     streamed["Content-Disposition"] = f'attachment; filename="{stem}.{writer.extension}"'
     return streamed
 
 
-def csv_response(rows: QuerySet[JobRow], filename: str) -> StreamingHttpResponse:
-    return response(rows, filename.removesuffix(".csv"), WRITERS["csv"])
+def csv_response(request, rows: QuerySet[JobRow], filename: str) -> StreamingHttpResponse:
+    return response(request, rows, filename.removesuffix(".csv"), WRITERS["csv"])

@@ -40,6 +40,7 @@ from jobs.callbacks import CallbackRefused, check_destination
 from jobs.ingest import IngestError, storable
 from jobs.models import Batch, CallbackSecret, FilePurpose, StoredFile
 from platform_.errors import ApiError
+from platform_.streams import streaming_response
 
 # OpenAI's bounds on `expires_after.seconds` (one hour to thirty days).
 EXPIRES_AFTER_S = (3600, 30 * 24 * 3600)
@@ -248,7 +249,7 @@ class FileContentView(OpenAIView):
 
     def get(self, request: Request, file_id: str) -> StreamingHttpResponse:
         stored = _file(request, file_id)
-        response = StreamingHttpResponse(files.content(stored), content_type="application/octet-stream")
+        response = streaming_response(request, files.content(stored), "application/octet-stream")
         response["Content-Length"] = str(stored.bytes)
         response["Content-Disposition"] = content_disposition_header(True, stored.filename)
         return response

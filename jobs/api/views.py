@@ -161,14 +161,14 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     @action(detail=True, methods=["get"], url_path="results.csv", url_name="results-csv")
     def results_csv(self, request: Request, pk: str | None = None) -> StreamingHttpResponse:
         job = self.get_object()
-        return export.response(job.rows.all(), f"job-{job.pk}-results", export.WRITERS["csv"])
+        return export.response(request, job.rows.all(), f"job-{job.pk}-results", export.WRITERS["csv"])
 
     @extend_schema(responses={(200, "application/jsonl"): str})
     @action(detail=True, methods=["get"], url_path="results.jsonl", url_name="results-jsonl")
     def results_jsonl(self, request: Request, pk: str | None = None) -> StreamingHttpResponse:
         """The rows as JSON lines: one object per row with its raw input and the model's output."""
         job = self.get_object()
-        return export.response(job.rows.all(), f"job-{job.pk}-results", export.WRITERS["jsonl"])
+        return export.response(request, job.rows.all(), f"job-{job.pk}-results", export.WRITERS["jsonl"])
 
     @extend_schema(request=None, responses={200: JobSerializer, 409: OpenApiResponse(description="the job has ended")})
     @action(detail=True, methods=["post"])

@@ -248,7 +248,7 @@ def finished_job(owner, model: str, rows: list[dict]) -> Job:
 
 def exported(job: Job) -> list[dict]:
     """The job's CSV export as a client reads it."""
-    response = export.csv_response(job.rows.all(), "x.csv")
+    response = export.csv_response(None, job.rows.all(), "x.csv")
     text = b"".join(response.streaming_content).decode()
     return list(csv.DictReader(io.StringIO(text)))
 
