@@ -11,6 +11,7 @@ CSV job, and the web processes' memory while a big file uploads and while an out
    otherwise idle stack: rows/s of each from its first claim to its end (the job's started_at and
    finished_at), and the batch's time from its job's end to `completed` (finalizing).
 3. download: the batch's output file is streamed with web RSS sampled meanwhile.
+4. the --validate-lines input file's content is downloaded twice, web RSS sampled.
 
 Web RSS is the sum over the uvicorn processes listening on --url's port (/proc), sampled every 50 ms;
 reported as before, peak and after, in MiB.
@@ -253,6 +254,19 @@ def main() -> None:
         "web_rss": download_rss.report(),
     }
     print("3. download:", report["download"], flush=True)
+
+    # 4. the big input file's content, twice (memory must not grow with the file's size)
+    report["input_download"] = []
+    for _ in range(2):
+        with RssSampler(port) as input_rss:
+            got = 0
+            with requests.get(
+                f"{api.url}/v1/files/{uploaded['id']}/content", headers=api.headers, stream=True, timeout=600
+            ) as stream:
+                for block in stream.iter_content(1 << 20):
+                    got += len(block)
+        report["input_download"].append({"mib": round(got / 2**20, 1), "web_rss": input_rss.report()})
+    print("4. input file download:", report["input_download"], flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
