@@ -39,6 +39,7 @@ from jobs.models import (
     StoredFile,
 )
 from jobs.readers import EMBEDDINGS_ENDPOINT
+from jobs.signals import batch_finalized
 
 logger = logging.getLogger(__name__)
 COMPLETION_WINDOWS = ("24h",)
@@ -347,9 +348,7 @@ def finalize(batch: Batch) -> bool:
     Batch.objects.filter(pk=batch.pk).update(output_file=output, error_file=errors, finalized_at=timezone.now())
     batch.refresh_from_db()
     logger.info("batch %s (job %s) finalized: %s", batch.public_id, job.pk, batch_status(batch))
-    from jobs import callbacks  # the callback announces the batch's end, now that its files exist
-
-    callbacks.schedule(job)
+    batch_finalized.send(sender=Batch, job=job)  # its callback announces the end, now that its files exist
     return True
 
 

@@ -41,6 +41,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs import enqueue
+from jobs.batches import batch_object
 from jobs.models import Batch, CallbackSecret, CallbackStatus, FileFormat, Job
 
 logger = logging.getLogger(__name__)
@@ -239,8 +240,6 @@ def payload(job: Job) -> dict[str, Any]:
     }
     batch = Batch.objects.filter(job=job).select_related("job", "input_file", "output_file", "error_file").first()
     if batch is not None:  # batch.completed, batch.failed, batch.expired or batch.cancelled, with the batch object
-        from jobs.batches import batch_object
-
         shown = batch_object(batch)
         summary.update(event=f"batch.{shown['status']}", batch=shown)
     return summary

@@ -8,3 +8,6 @@ from django.dispatch import Signal
 # with `job`. Receivers: the job's callback (jobs/callbacks.py) and the scheduler, whose freed
 # places go to other jobs (jobs/scheduler.py); connected in JobsConfig.ready().
 job_ended = Signal()
+# Sent once a batch's output files are written and it is final (jobs/batches.finalize), with `job`: its
+# callback (`batch.<status>`) is announced then, not when its job ends.
+batch_finalized = Signal()
