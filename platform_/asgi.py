@@ -34,6 +34,14 @@ django_application = get_asgi_application()
 from django.conf import settings  # noqa: E402  (after the app, which configures settings)
 from django.utils.module_loading import import_string  # noqa: E402
 
+# No persistent database connections in the web process. Under ASGI each request's sync work runs on a
+# thread of its own (Django's ThreadSensitiveContext), and a connection kept for DB_CONN_MAX_AGE_S stays
+# open with the thread's state after the request: a 30-way burst of uploads left 83 connections held
+# and PostgreSQL refused every other client ("too many clients"). Django's docs say the same: disable
+# persistent connections in async mode. The workers (one process per child) keep theirs.
+for _database in settings.DATABASES.values():
+    _database["CONN_MAX_AGE"] = 0
+
 from platform_.bodies import BodyGuard, declared_length, send_response, too_large  # noqa: E402
 
 # The apps' entry points this wiring serves, named by dotted path as the URLconf names its includes:

@@ -94,7 +94,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
 else:
-    # DB_CONN_MAX_AGE_S: keep PostgreSQL connections open this long between requests.
+    # DB_CONN_MAX_AGE_S: keep PostgreSQL connections open this long between tasks (workers; the ASGI web
+    # process always closes them after each request: platform_/asgi.py says why).
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("DB_CONN_MAX_AGE_S", default=60)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
