@@ -84,20 +84,15 @@ def pick_delimiter(header_line: str, given: str | None) -> str:
     return best if counts[best] else ","
 
 
-@dataclass(frozen=True)
-class CsvReader:
-    """A delimited text file with a header line; columns are found by their header."""
-
-    encoding: str = "utf-8"  # a codec name as check_encoding gives it; a byte-order mark overrides it
-    delimiter: str | None = None  # None: detected from the header; also comma, semicolon, tab by name
+class _StreamedFormat:
+    """A format read in one pass: `_open` gives the reader as the file showed it to be, and its rows lazily;
+    its problems are found while the rows are read (no validation pass of its own)."""
 
     def check_start(
         self, binary: Readable, *, columns: Mapping[str, str], id_column: str, limits: IngestLimits
-    ) -> CsvReader:
-        """Check the header and the first PREFLIGHT_ROWS rows (and the first block's bytes); they are consumed.
-
-        The reader returned has the delimiter chosen and the codec actually used.
-        """
+    ) -> Reader:
+        """Check the file's start (the first PREFLIGHT_ROWS rows and the first block's bytes; they are
+        consumed); the reader returned has what the start showed (a detected delimiter, the codec used)."""
         opened, rows = self._open(binary, columns, id_column, limits)
         read_start(rows)
         return opened
@@ -108,7 +103,20 @@ class CsvReader:
         return self._open(binary, columns, id_column, limits)[1]
 
     def validate(self, binary: Readable, *, limits: IngestLimits) -> None:
-        """No pass of its own: a CSV's problems are found while its rows are read."""
+        return None
+
+    def _open(
+        self, binary: Readable, columns: Mapping[str, str], id_column: str, limits: IngestLimits
+    ) -> tuple[Reader, Iterator[Row]]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class CsvReader(_StreamedFormat):
+    """A delimited text file with a header line; columns are found by their header."""
+
+    encoding: str = "utf-8"  # a codec name as check_encoding gives it; a byte-order mark overrides it
+    delimiter: str | None = None  # None: detected from the header; also comma, semicolon, tab by name
 
     def job_fields(self) -> dict[str, str]:
         # Unresolved (not yet checked against a file), the delimiter is stored empty: detected again.
@@ -184,7 +192,7 @@ def _check_header(
 
 
 @dataclass(frozen=True)
-class JsonlReader:
+class JsonlReader(_StreamedFormat):
     """JSON lines: one JSON object per line, input fields and the id read by key (`columns` name the keys).
 
     A value that is a number is read as its text; one that is missing, null or not a string or number
@@ -193,21 +201,6 @@ class JsonlReader:
     """
 
     encoding: str = "utf-8"
-
-    def check_start(
-        self, binary: Readable, *, columns: Mapping[str, str], id_column: str, limits: IngestLimits
-    ) -> JsonlReader:
-        opened, rows = self._open(binary, columns, id_column, limits)
-        read_start(rows)
-        return opened
-
-    def rows(
-        self, binary: Readable, *, columns: Mapping[str, str], id_column: str, limits: IngestLimits
-    ) -> Iterator[Row]:
-        return self._open(binary, columns, id_column, limits)[1]
-
-    def validate(self, binary: Readable, *, limits: IngestLimits) -> None:
-        """No pass of its own: a line's problem is found while the rows are read."""
 
     def job_fields(self) -> dict[str, str]:
         return {"file_format": FileFormat.JSONL, "encoding": self.encoding, "delimiter": ""}
