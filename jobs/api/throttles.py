@@ -25,13 +25,17 @@ class _SettingsRateThrottle(UserRateThrottle):
     def get_rate(self) -> str:
         return getattr(settings, self.setting, self.default_rate)
 
+    # The period (a minute for "60/min") is counted in this many slots, each a cache counter.
+    SLOTS = 60
+
     def allow_request(self, request, view) -> bool:
-        """A sliding window from two fixed windows' counters, each incremented atomically (the cache's INCR).
+        """A sliding period counted in SLOTS cache counters, each incremented atomically (the cache's INCR).
 
         DRF's own throttle reads a user's history and writes it back, so requests sent at once all read
         the same history and pass together (70 concurrent batch creations got 66 through a 60/min limit).
-        Here the estimate is the current window's count plus the previous window's, weighted by how much
-        of it the sliding window still covers: a burst across a window's edge is held to the rate too.
+        Here each request first counts itself, then reads the period's total, which holds every request
+        counted before it: of requests sent at once, no more than the rate pass. A refused one takes its
+        count back.
         """
         try:
             if self.rate is None:
@@ -40,20 +44,25 @@ class _SettingsRateThrottle(UserRateThrottle):
             if self.key is None:
                 return True
             limit, duration = self.parse_rate(self.get_rate())
+            width = duration / self.SLOTS
             now = self.timer()
-            window = int(now // duration)
-            current = f"{self.key}:w{window}"
-            self.cache.add(current, 0, timeout=2 * duration + 1)
-            count = self.cache.incr(current)
-            previous = self.cache.get(f"{self.key}:w{window - 1}") or 0
-            into = (now - window * duration) / duration  # how far into the current window, 0 to 1
-            if previous * (1 - into) + count <= limit:
+            slot = int(now // width)
+            mine = f"{self.key}:s{slot}"
+            self.cache.add(mine, 0, timeout=duration + width + 1)
+            self.cache.incr(mine)
+            slots = list(range(slot - self.SLOTS + 1, slot + 1))
+            found = self.cache.get_many([f"{self.key}:s{s}" for s in slots])
+            counts = [int(found.get(f"{self.key}:s{s}", 0)) for s in slots]
+            if sum(counts) <= limit:
                 return True
-            self.cache.decr(current)  # a refused request does not count against the next ones
-            if count > limit or previous == 0:
-                self._wait_s = (window + 1) * duration - now
-            else:  # when the previous window's weight has fallen enough for one more request
-                self._wait_s = max(1.0, duration * (1 - (limit - count) / previous) - (now - window * duration))
+            self.cache.decr(mine)
+            # Until enough of the oldest requests have slid out of the period for this one to fit.
+            excess, freed = sum(counts) - limit, 0
+            for s, count in zip(slots, counts, strict=True):
+                freed += count
+                if freed >= excess:
+                    self._wait_s = max(1.0, (s + self.SLOTS) * width - now)  # when slot s leaves the period
+                    break
             return False
         except Exception:  # the cache backend's own errors (redis.ConnectionError, ...): fail open
             logger.warning("jobs throttle %s: cache unavailable, not throttling", self.scope, exc_info=True)
