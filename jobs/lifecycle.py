@@ -209,7 +209,11 @@ def run_ingest(job_id: int) -> None:
             scheduler.refill_after_commit()
     except IngestError as error:
         JobRow.objects.filter(job=job).delete()
-        job.fail(error.message, error.details)
+        if job.file_format == FileFormat.BATCH and not upload_stored(job):
+            # Deleted while it was being read: what was read looked cut short ("the file is empty").
+            job.fail("the batch's input file was deleted before it was read")
+        else:
+            job.fail(error.message, error.details)
     except PartsGone:
         job.refresh_from_db()
         if job.status == JobStatus.INGESTING and job.file_format == FileFormat.BATCH:

@@ -12,6 +12,8 @@ import concurrent.futures
 import email.message
 import io
 import json
+import os
+import signal
 import tracemalloc
 
 import pytest
@@ -328,9 +330,15 @@ def test_a_file_deleted_while_its_batch_validates_fails_saying_so(stack, client)
     # Over JOBS_INLINE_INGEST_BYTES (64 KiB): validated by the offline worker, after the answer.
     data = jsonl([router_line(f"r{i}", f"text number {i} " + "x" * 100) for i in range(1_200)])
     file_id = upload(stack, data).json()["id"]
-    batch = create_batch(stack, batch_body(file_id, ROUTER)).json()
-    assert batch["status"] == "validating"
-    assert requests.delete(f"{stack.url}/v1/files/{file_id}", headers=stack.headers(), timeout=30).status_code == 200
+    # The offline worker held still, so the file is deleted before it is read (it reads 1,200 lines in ms).
+    os.killpg(stack.offline.pid, signal.SIGSTOP)
+    try:
+        batch = create_batch(stack, batch_body(file_id, ROUTER)).json()
+        assert batch["status"] == "validating"
+        deleted = requests.delete(f"{stack.url}/v1/files/{file_id}", headers=stack.headers(), timeout=30)
+        assert deleted.status_code == 200
+    finally:
+        os.killpg(stack.offline.pid, signal.SIGCONT)
     failed = wait_final(client, batch["id"])
     assert failed.status == "failed"
     message = " ".join(error.message for error in failed.errors.data)
