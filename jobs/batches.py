@@ -371,9 +371,6 @@ def run() -> int:
     return done
 
 
-def is_batch(job: Job) -> bool:
-    return job.file_format == FileFormat.BATCH
-
-
 def finalized(job: Job) -> bool:
+    """Whether the job is a batch whose output files are written (it is final)."""
     return Batch.objects.filter(job=job, finalized_at__isnull=False).exists()

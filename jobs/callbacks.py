@@ -40,7 +40,7 @@ from django.db import IntegrityError, transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs import enqueue
+from jobs import batches, enqueue
 from jobs.batches import batch_object
 from jobs.models import Batch, CallbackSecret, CallbackStatus, FileFormat, Job
 
@@ -337,7 +337,7 @@ def schedule(job: Job, **_: Any) -> None:
     """
     if not job.callback_url or job.finished_at is None:
         return
-    if job.file_format == FileFormat.BATCH and not Batch.objects.filter(job=job, finalized_at__isnull=False).exists():
+    if job.file_format == FileFormat.BATCH and not batches.finalized(job):
         return  # a batch calls back once its output files are written (jobs/batches.finalize calls this again)
     fields: dict[str, Any] = {
         "callback_status": CallbackStatus.PENDING,

@@ -9,7 +9,7 @@ file goes in a slice at a time and comes back as a stream of slices.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import IO
 
@@ -67,6 +67,21 @@ class PartsReader:
         return b"".join(out)
 
 
+def write_slices(
+    create: Callable[[int, bytes], object], upload: IO[bytes], part_bytes: int = PART_BYTES
+) -> tuple[int, int]:
+    """Copy `upload` into slices of `part_bytes`, `create(seq, data)` storing each; (bytes, lines) copied."""
+    size = lines = seq = 0
+    last = b"\n"
+    while block := upload.read(part_bytes):
+        create(seq, block)
+        seq += 1
+        size += len(block)
+        lines += block.count(b"\n")
+        last = block[-1:]
+    return size, lines + (0 if last == b"\n" else 1)
+
+
 def store_upload(owner, purpose: str, filename: str, upload: IO[bytes], expires_at: datetime | None) -> StoredFile:
     """An uploaded file stored in slices, with its size and number of lines."""
     with transaction.atomic():
@@ -77,15 +92,9 @@ def store_upload(owner, purpose: str, filename: str, upload: IO[bytes], expires_
             filename=filename[:255],
             expires_at=expires_at,
         )
-        size = lines = seq = 0
-        last = b"\n"
-        while block := upload.read(PART_BYTES):
-            FilePart.objects.create(file=stored, seq=seq, data=block)
-            seq += 1
-            size += len(block)
-            lines += block.count(b"\n")
-            last = block[-1:]
-        stored.bytes, stored.lines = size, lines + (0 if last == b"\n" else 1)
+        stored.bytes, stored.lines = write_slices(
+            lambda seq, data: FilePart.objects.create(file=stored, seq=seq, data=data), upload
+        )
         StoredFile.objects.filter(pk=stored.pk).update(bytes=stored.bytes, lines=stored.lines)
     return stored
 

@@ -6,7 +6,6 @@ when to call them and sends the messages that follow.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Iterable, Mapping
 from typing import IO
@@ -131,14 +130,8 @@ def ingest_soon(job: Job) -> None:
 
 def store_upload(job: Job, upload: IO[bytes]) -> int:
     """Copy the upload into the database in slices; its size in bytes."""
-    size = 0
-    for seq in itertools.count():
-        block = upload.read(UPLOAD_PART_BYTES)
-        if not block:
-            break
-        UploadPart.objects.create(job=job, seq=seq, data=block)
-        size += len(block)
-    return size
+    create = lambda seq, data: UploadPart.objects.create(job=job, seq=seq, data=data)  # noqa: E731
+    return files.write_slices(create, upload, UPLOAD_PART_BYTES)[0]
 
 
 def enqueue_ingest(job_id: int) -> None:
