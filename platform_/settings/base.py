@@ -357,6 +357,10 @@ JOBS_CALLBACK_BASE_URL = env.str("JOBS_CALLBACK_BASE_URL", default="")
 JOBS_CREATE_RATE = env.str("JOBS_CREATE_RATE", default="60/min")
 # JOBS_RESULTS_RATE: results requests (JSON pages and CSV exports) one user may make; over it, 429.
 JOBS_RESULTS_RATE = env.str("JOBS_RESULTS_RATE", default="600/min")
+# JOBS_LIST_RATE: job list requests (GET /api/v1/jobs, up to 200 jobs a page) one user may make; over it, 429.
+JOBS_LIST_RATE = env.str("JOBS_LIST_RATE", default="600/min")
+# JOBS_RETRY_RATE: retries of failed rows (API and page) one user may make; over it, 429.
+JOBS_RETRY_RATE = env.str("JOBS_RETRY_RATE", default="10/min")
 
 # ---------------------------------------------------------------------------------------------
 # Observability
