@@ -25,4 +25,4 @@ COPY . .
 RUN useradd --create-home app && mkdir -p /app/var && chown -R app /app/var
 USER app
 EXPOSE 8000 5555
-CMD ["uvicorn", "platform_.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--workers", "2", "--no-access-log"]
+CMD ["python", "-m", "platform_.server", "--host", "0.0.0.0", "--port", "8000", "--workers", "2"]

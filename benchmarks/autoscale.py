@@ -255,7 +255,7 @@ def run_config(bench: Bench, config: str, db: int, args: argparse.Namespace) -> 
     }
     port = free_port()
     web = _start(
-        [str(BIN / "uvicorn"), "platform_.asgi:application", "--host", "127.0.0.1", "--port", str(port)]
+        [str(BIN / "python"), "-m", "platform_.server", "--host", "127.0.0.1", "--port", str(port)]
         + ["--workers", "2", "--no-access-log"],
         env,
         args.logs / f"web-{config}-{db}.log",

@@ -46,7 +46,7 @@ def web_pids(port: int) -> list[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(b"uvicorn" in part for part in cmdline) and str(port).encode() in cmdline:
+        if b"platform_.server" in cmdline and str(port).encode() in cmdline:
             pids.append(int(entry))
     children = []
     for pid in pids:

@@ -11,7 +11,7 @@ OUT=benchmarks/out
 mkdir -p "$OUT"
 PY=${PYTHON:-.venv/bin/python}
 SPY=${PY_SPY:-$(dirname "$PY")/py-spy}
-uvicorn_parent=$(pgrep -f "bin/uvicorn platform_.asgi" | head -1)
+uvicorn_parent=$(pgrep -f "python -m platform_.server" | head -1)
 web=$(pgrep -P "$uvicorn_parent" -f "multiprocessing.spawn" | head -1)
 online_pids=$(pgrep -f "bin/celery -A platform_ worker -Q online")
 # The main process is the one whose parent is not itself an online worker process.

@@ -394,7 +394,7 @@ def main() -> None:
     headers = {"Authorization": f"Token {token}"}
     platform_url = f"{args.url}/api/v1/models/{args.model}/predict"
     client = redis.Redis.from_url(args.redis_url, decode_responses=True)
-    web = with_children(processes(["uvicorn", "platform_.asgi"]))
+    web = with_children(processes(["-m platform_.server"]))
     workers = with_children(processes(["celery", "-Q online"]))
 
     ceiling = None

@@ -99,7 +99,7 @@ def local_web():
             .splitlines()[-1]
         )
         web = subprocess.Popen(
-            [python, "-m", "uvicorn", "platform_.asgi:application", "--port", str(web_port), "--no-access-log"],
+            [python, "-m", "platform_.server", "--port", str(web_port)],
             cwd=ROOT,
             env=env,
         )

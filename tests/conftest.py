@@ -329,8 +329,9 @@ def stack(
     offline = celery_worker("offline", 4, {"WORKER_MODELS": "router,sentiment,qa,entities,embedding"})
     web = _start(
         [
-            str(bin_dir / "uvicorn"),
-            "platform_.asgi:application",
+            sys.executable,
+            "-m",
+            "platform_.server",
             "--host",
             "127.0.0.1",
             "--port",

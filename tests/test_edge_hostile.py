@@ -18,7 +18,6 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
@@ -268,8 +267,7 @@ def strict_web(stack) -> Iterator[str]:
     env = {**stack.env, "REDIS_URL": redis_url, "AUTH_FAILURES_PER_WINDOW": str(FAILURE_LIMIT)}
     env["AUTH_FAILURE_WINDOW_S"] = "30"
     port = free_port()
-    bin_dir = Path(sys.executable).parent
-    command = [str(bin_dir / "uvicorn"), "platform_.asgi:application", "--host", "127.0.0.1", "--port", str(port)]
+    command = [sys.executable, "-m", "platform_.server", "--host", "127.0.0.1", "--port", str(port)]
     web = _start([*command, "--workers", "1", "--no-access-log"], env, stack.log_dir / "strict-web.log")
     url = f"http://127.0.0.1:{port}"
 

@@ -253,6 +253,20 @@ AUTH_FAILURES_PER_WINDOW = env.int("AUTH_FAILURES_PER_WINDOW", default=20)
 # AUTH_FAILURE_WINDOW_S: the window those failures are counted in, shared by all web processes through Redis.
 AUTH_FAILURE_WINDOW_S = env.int("AUTH_FAILURE_WINDOW_S", default=60)
 
+# The web server's own limits (platform_/server.py), which hold without a proxy in front.
+# WEB_HEADER_TIMEOUT_S: a request's line and headers must arrive within this, else 408 and close.
+WEB_HEADER_TIMEOUT_S = env.float("WEB_HEADER_TIMEOUT_S", default=10.0)
+# WEB_MAX_HEADER_BYTES / WEB_MAX_HEADERS: larger request line and headers, or more fields, get 431.
+WEB_MAX_HEADER_BYTES = env.int("WEB_MAX_HEADER_BYTES", default=32 * 1024)
+WEB_MAX_HEADERS = env.int("WEB_MAX_HEADERS", default=100)
+# WEB_MAX_CONNECTIONS: connections one web process holds (clamped below its descriptor limit); more: 503.
+WEB_MAX_CONNECTIONS = env.int("WEB_MAX_CONNECTIONS", default=4096)
+# WEB_MAX_CONNECTIONS_PER_ADDRESS: connections one client address holds to one web process; more: 429.
+WEB_MAX_CONNECTIONS_PER_ADDRESS = env.int("WEB_MAX_CONNECTIONS_PER_ADDRESS", default=256)
+# FORWARDED_ALLOW_IPS: the proxies (addresses or networks, comma-separated) whose X-Forwarded-For and
+# X-Forwarded-Proto the web server believes; empty (no proxy): it believes nobody's.
+FORWARDED_ALLOW_IPS = env.str("FORWARDED_ALLOW_IPS", default="")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

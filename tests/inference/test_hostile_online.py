@@ -195,9 +195,8 @@ def web_on_own_redis(stack, tmp_path):
     url = f"redis://127.0.0.1:{port}/0"
     wait_until(lambda: _pings(url), 10, "the private redis-server")
     web_port = free_port()
-    bin_dir = Path(sys.executable).parent
     web = _start(
-        [str(bin_dir / "uvicorn"), "platform_.asgi:application", "--port", str(web_port), "--no-access-log"],
+        [sys.executable, "-m", "platform_.server", "--port", str(web_port)],
         {**stack.env, "REDIS_URL": url},
         tmp_path / "web.log",
     )

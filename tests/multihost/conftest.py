@@ -278,13 +278,13 @@ def _redis_answers(cluster: Cluster) -> bool:
         return False
 
 
-def _create_users(usernames: tuple[str, ...]) -> str:
+def _create_users(usernames: tuple[str, ...], *, staff: bool = False) -> str:
     """A `manage.py shell` script that makes these users and prints each one's API token (tokens_in reads them)."""
     return f"""
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 for name in {list(usernames)!r}:
-    user, _ = get_user_model().objects.get_or_create(username=name)
+    user, _ = get_user_model().objects.get_or_create(username=name, defaults={{"is_staff": {staff!r}}})
     print("TOKEN", name, Token.objects.get_or_create(user=user)[0].key)
 """
 
@@ -369,11 +369,12 @@ def _bring_up(cluster: Cluster, root: Path, pg_root: Path) -> None:
     assert created.popen.wait(timeout=60) == 0, created.tail()
     cluster.manage(b, "migrate", "migrate", "--noinput")  # from host B, over the network
     phase("migrated from B")
-    # The test user, made on host B while the workers start.
+    # The test user, made on host B while the workers start. Staff: a predict answer names the worker that
+    # answered (host:pid) to staff only, and these tests check which host answered.
     user = cluster.start(
-        b, "create-user", [str(BIN / "python"), "manage.py", "shell", "-c", _create_users(("tester",))]
+        b, "create-user", [str(BIN / "python"), "manage.py", "shell", "-c", _create_users(("tester",), staff=True)]
     )
-    web = [str(BIN / "uvicorn"), "platform_.asgi:application", "--host", a.address, "--port", str(WEB_PORT)]
+    web = [str(BIN / "python"), "-m", "platform_.server", "--host", a.address, "--port", str(WEB_PORT)]
     cluster.start(a, "web", [*web, "--workers", "1", "--no-access-log"])
     workers = [
         (b, "online", "identity", cluster.worker(b, "online-identity-b", "online.identity")),

@@ -1,0 +1,293 @@
+"""The web server's own limits (platform_/server.py), live: header time, header size and count,
+connections per address and per process, and whose X-Forwarded-For is believed (issue #25).
+
+Each test talks HTTP over real sockets to a real `python -m platform_.server` process. The attacker
+binds another loopback address (127.0.0.2 and up) than the other client (127.0.0.1), as two hosts would.
+Servers with small limits run beside the stack's, on their own Redis database, so their counters never
+touch the stack's.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import select
+import socket
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+import requests
+
+from tests.conftest import _start, _stop, free_port, wait_until
+
+pytestmark = pytest.mark.integration
+
+HEADER_TIMEOUT_S = 1.0
+PER_ADDRESS = 20
+PER_PROCESS = 50
+AUTH_FAILURES = 3
+
+
+def _server(stack, tmp_path, name: str, **overrides: str) -> tuple[str, object]:
+    env = {
+        **stack.env,
+        "REDIS_URL": stack.env["REDIS_URL"].rsplit("/", 1)[0] + "/12",
+        "AUTH_FAILURES_PER_WINDOW": str(AUTH_FAILURES),
+        "AUTH_FAILURE_WINDOW_S": "60",
+        **overrides,
+    }
+    port = free_port()
+    web = _start([sys.executable, "-m", "platform_.server", "--port", str(port)], env, tmp_path / f"{name}.log")
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert web.poll() is None, (tmp_path / f"{name}.log").read_text()[-3000:]
+        try:
+            return requests.get(f"{url}/api/v1/health", timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    wait_until(up, 60, f"the {name} web process")
+    return url, web
+
+
+@pytest.fixture
+def strict(stack, tmp_path) -> Iterator[str]:
+    """A web process with a 1 s header timeout."""
+    url, web = _server(stack, tmp_path, "strict", WEB_HEADER_TIMEOUT_S=str(HEADER_TIMEOUT_S))
+    try:
+        yield url
+    finally:
+        _stop(web)
+
+
+@pytest.fixture
+def crowded(stack, tmp_path) -> Iterator[str]:
+    """A web process with small connection limits (and the default header timeout, 10 s)."""
+    url, web = _server(
+        stack,
+        tmp_path,
+        "crowded",
+        WEB_MAX_CONNECTIONS_PER_ADDRESS=str(PER_ADDRESS),
+        WEB_MAX_CONNECTIONS=str(PER_PROCESS),
+    )
+    try:
+        yield url
+    finally:
+        _stop(web)
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def _connect(url: str, source: str = "127.0.0.1") -> socket.socket:
+    return socket.create_connection(("127.0.0.1", _port(url)), timeout=10, source_address=(source, 0))
+
+
+def _read_until_closed(sock: socket.socket, timeout_s: float) -> bytes:
+    sock.settimeout(timeout_s)
+    data = b""
+    try:
+        while piece := sock.recv(65536):
+            data += piece
+    except (ConnectionResetError, TimeoutError):
+        pass
+    return data
+
+
+def _health_ok(url: str, source: str = "127.0.0.1") -> bool:
+    conn = http.client.HTTPConnection("127.0.0.1", _port(url), timeout=5, source_address=(source, 0))
+    try:
+        conn.request("GET", "/api/v1/health")
+        return conn.getresponse().status == 200
+    finally:
+        conn.close()
+
+
+def test_a_connection_that_never_finishes_its_headers_gets_408_and_is_closed(strict):
+    sock = _connect(strict)
+    started = time.monotonic()
+    sock.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+    answer = _read_until_closed(sock, timeout_s=15)
+    waited_s = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"header_timeout" in answer
+    assert HEADER_TIMEOUT_S * 0.8 <= waited_s < HEADER_TIMEOUT_S + 5, waited_s
+
+
+def test_a_connection_that_sends_nothing_is_closed(strict):
+    sock = _connect(strict)
+    started = time.monotonic()
+    _read_until_closed(sock, timeout_s=15)
+    assert time.monotonic() - started < HEADER_TIMEOUT_S + 5, "the server kept a silent connection open"
+
+
+def test_headers_sent_a_byte_at_a_time_are_cut_at_the_header_deadline(strict):
+    """Slowloris: each byte arrives well within any per-read timeout, but the headers never end."""
+    sock = _connect(strict)
+    sock.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    started = time.monotonic()
+    answer = None
+    sock.settimeout(0.2)
+    while answer is None and time.monotonic() - started < HEADER_TIMEOUT_S + 5:
+        try:
+            sock.sendall(b"X-a: b\r\n")
+            answer = sock.recv(4096)  # the server's answer, or b"" once it closed
+        except TimeoutError:
+            continue
+        except OSError:
+            answer = b"reset"
+    assert answer is not None, "the server still read a request whose headers never ended"
+    assert answer.startswith(b"HTTP/1.1 408") or answer in (b"", b"reset"), answer[:200]
+
+
+def test_a_header_over_the_size_limit_gets_431_before_the_rest_is_read(stack):
+    """On the stack's own server: 32 KiB of request line and headers by default."""
+    sock = _connect(stack.url)
+    sock.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
+    sent = 0
+    try:
+        while sent < 64 * 1024 * 1024:  # 64 MB, if nothing stops it
+            sock.sendall(b"a" * 65536)
+            sent += 65536
+    except OSError:
+        pass
+    answer = _read_until_closed(sock, timeout_s=10)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert b"headers_too_large" in answer
+    assert sent < 32 * 1024 * 1024, f"the server took {sent} bytes of one header"
+
+
+def test_one_header_over_the_limit_in_a_single_read_gets_431(stack):
+    sock = _connect(stack.url)
+    sock.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 40_000 + b"\r\n\r\n")
+    answer = _read_until_closed(sock, timeout_s=10)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+
+
+def test_twenty_thousand_headers_get_431(stack):
+    sock = _connect(stack.url)
+    head = "GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "".join(f"X-{i}: v\r\n" for i in range(20_000))
+    try:
+        sock.sendall(head.encode() + b"\r\n")
+    except OSError:
+        pass
+    answer = _read_until_closed(sock, timeout_s=10)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    assert b"too_many_headers" in answer or b"headers_too_large" in answer
+
+
+def test_ordinary_clients_are_untouched_by_the_limits(strict, stack):
+    """Kept-alive connections idle between requests, and bodies far larger than the header limit."""
+    with requests.Session() as session:
+        for _ in range(3):
+            assert session.get(f"{strict}/api/v1/health", timeout=5).status_code == 200
+            time.sleep(HEADER_TIMEOUT_S * 1.5)  # idle longer than the header timeout, within keep-alive
+    body = json.dumps({"inputs": ["x" * 100] * 5000}).encode()  # 0.5 MB, read with the headers in one go
+    answer = requests.post(
+        f"{stack.url}/api/v1/models/router/predict",
+        data=body,
+        headers={"Authorization": f"Token {stack.token}", "Content-Type": "application/json"},
+        timeout=30,
+    )
+    assert answer.status_code not in (408, 431), answer.text[:300]
+
+
+def _open(url: str, source: str, n: int) -> tuple[list[socket.socket], list[bytes]]:
+    """n connections from `source`, opened at once: those held, and the refusals the server wrote at once."""
+    socks = [_connect(url, source) for _ in range(n)]
+    readable: set[socket.socket] = set()
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:  # a refusal is written on accept; give the server a moment
+        ready, _, _ = select.select([s for s in socks if s not in readable], [], [], 0.1)
+        readable.update(ready)
+    refusals = []
+    for sock in readable:
+        refusals.append(sock.recv(4096))
+        sock.close()
+    return [s for s in socks if s not in readable], refusals
+
+
+def test_one_address_holds_at_most_its_share_of_connections_and_others_are_served(crowded):
+    held, refusals = _open(crowded, "127.0.0.2", PER_ADDRESS + 10)
+    try:
+        assert len(held) == PER_ADDRESS
+        assert len(refusals) == 10
+        assert all(r.startswith(b"HTTP/1.1 429") and b"too_many_connections" in r for r in refusals), refusals[0]
+        assert b"retry-after: 1" in refusals[0].lower()
+        assert _health_ok(crowded, "127.0.0.1"), "another address was refused while one address flooded"
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_a_process_holds_at_most_its_connection_limit_then_frees_them(crowded):
+    held: list[socket.socket] = []
+    refusals: list[bytes] = []
+    try:
+        for source in ("127.0.0.3", "127.0.0.4", "127.0.0.5"):
+            more, refused = _open(crowded, source, PER_ADDRESS)
+            held += more
+            refusals += refused
+        assert len(held) <= PER_PROCESS
+        assert refusals and all(r.startswith(b"HTTP/1.1 503") for r in refusals), refusals[:1]
+        assert b"too_many_connections" in refusals[0]
+    finally:
+        for sock in held:
+            sock.close()
+    wait_until(lambda: _health_ok(crowded), 10, "the server to serve again once the connections closed")
+
+
+def _bad_token(url: str, source: str, forwarded_for: str) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", _port(url), timeout=5, source_address=(source, 0))
+    try:
+        conn.request(
+            "GET", "/api/v1/jobs", headers={"Authorization": "Token " + "0" * 40, "X-Forwarded-For": forwarded_for}
+        )
+        answer = conn.getresponse()
+        return answer.status, answer.read().decode()
+    finally:
+        conn.close()
+
+
+def _flush_failures(redis_client) -> None:
+    """The failure counters of the database these servers use (12), from earlier tests in this module."""
+    where = redis_client.connection_pool.connection_kwargs
+    client = redis.Redis(host=where["host"], port=where["port"], db=12)
+    for key in client.scan_iter("auth:failures:*"):
+        client.delete(key)
+
+
+def test_x_forwarded_for_from_an_untrusted_client_is_ignored(stack, tmp_path, redis_client):
+    """No proxy configured: rotating X-Forwarded-For does not get a guesser fresh attempts, not even from
+    127.0.0.1 (which uvicorn's own default believes)."""
+    _flush_failures(redis_client)
+    url, web = _server(stack, tmp_path, "no-proxy")
+    try:
+        answers = [_bad_token(url, "127.0.0.1", f"203.0.113.{i}") for i in range(AUTH_FAILURES + 2)]
+        assert answers[-1][0] == 429, answers
+        assert "127.0.0.1" in answers[-1][1] and "203.0.113" not in answers[-1][1]
+    finally:
+        _stop(web)
+
+
+def test_x_forwarded_for_is_believed_only_from_the_configured_proxy(stack, tmp_path, redis_client):
+    _flush_failures(redis_client)
+    url, web = _server(stack, tmp_path, "behind-proxy", FORWARDED_ALLOW_IPS="127.0.0.7")
+    try:
+        answers = [_bad_token(url, "127.0.0.7", "198.51.100.7") for _ in range(AUTH_FAILURES + 1)]
+        assert answers[-1][0] == 429 and "198.51.100.7" in answers[-1][1], answers[-1]
+        # Another client behind the same proxy is its own address, not locked out with the first.
+        assert _bad_token(url, "127.0.0.7", "198.51.100.8")[0] == 401
+        # A client that is not the proxy cannot claim to be someone else.
+        status, body = _bad_token(url, "127.0.0.8", "198.51.100.9")
+        assert status == 401
+        for _ in range(AUTH_FAILURES):
+            status, body = _bad_token(url, "127.0.0.8", "198.51.100.9")
+        assert status == 429 and "127.0.0.8" in body, body
+    finally:
+        _stop(web)
