@@ -6,8 +6,18 @@ class InferenceConfig(AppConfig):
     verbose_name = "Inference"
 
     def ready(self) -> None:
+        from django.contrib.auth import get_user_model
+        from django.db.models.signals import post_delete, post_save
+        from rest_framework.authtoken.models import Token
+
         from inference import diagnosis, monitoring
+        from inference.api import auth
         from observability import registry
+
+        # Cached tokens (inference/api/auth.py) are forgotten when one stops being valid.
+        post_delete.connect(auth.revoked, sender=Token, dispatch_uid="auth-token-deleted")
+        post_delete.connect(auth.revoked, sender=get_user_model(), dispatch_uid="auth-user-deleted")
+        post_save.connect(auth.user_deactivated, sender=get_user_model(), dispatch_uid="auth-user-deactivated")
 
         registry.register_gauges(monitoring.gauges)
         registry.register_snapshot_source(diagnosis.snapshot_source)

@@ -1,17 +1,24 @@
 """Authentication for the async predict view: the same tokens and sessions DRF accepts elsewhere.
 
 DRF's authentication classes are sync and hit the database on every call; on the hot path a web
-process keeps a token it has looked up for API_TOKEN_CACHE_S (so a revoked token works that long).
+process keeps a token it has looked up for API_TOKEN_CACHE_S. A revocation (a token deleted or
+replaced, its user deactivated or deleted) bumps a counter in Redis (`revoked`, wired to the models'
+signals in inference/apps.py); each process reads it at most every AUTH_REVOCATION_CHECK_S and forgets
+every cached token when it moved, so a revoked token stops working on every path within about that,
+for one Redis GET per second per process, not one per request. Before, it kept working for the
+whole 30 s cache.
 A token it has to look up is first checked against failed-authentication throttling
 (platform_/auth_throttle.py), and a bad one counts as a failure of the caller's address.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from importlib import import_module
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.contrib.auth import get_user
 from django.contrib.auth.models import AnonymousUser
@@ -21,9 +28,42 @@ from rest_framework.authtoken.models import Token
 from platform_ import auth_throttle
 from platform_.db import run_db
 from platform_.errors import ApiError
+from platform_.redis import get_async_redis, get_redis
+
+logger = logging.getLogger(__name__)
 
 _token_cache: dict[str, tuple[float, Any]] = {}
 _TOKEN_CACHE_MAX = 10_000
+REVOCATIONS_KEY = "auth:revocations"
+# The revocation counter this process last saw, and when it next reads it.
+_seen_revocations: list[Any] = [None, 0.0]
+
+
+def revoked(**_: Any) -> None:
+    """Signal receiver: some token or user lost its access; every web process drops its cached tokens."""
+    try:
+        get_redis().incr(REVOCATIONS_KEY)
+    except redis.RedisError:  # the caches then expire on their own, within API_TOKEN_CACHE_S
+        logger.warning("auth: Redis unavailable, cached tokens expire on their own", exc_info=True)
+
+
+def user_deactivated(instance: Any, **_: Any) -> None:
+    if not instance.is_active:
+        revoked()
+
+
+async def _forget_revoked(now: float) -> None:
+    if now < _seen_revocations[1]:
+        return
+    _seen_revocations[1] = now + settings.AUTH_REVOCATION_CHECK_S
+    try:
+        current = await get_async_redis().get(REVOCATIONS_KEY)
+    except redis.RedisError:
+        return
+    if current != _seen_revocations[0]:
+        if _seen_revocations[0] is not None or current is not None:
+            _token_cache.clear()
+        _seen_revocations[0] = current
 
 
 def _unauthenticated(detail: str) -> ApiError:
@@ -32,6 +72,7 @@ def _unauthenticated(detail: str) -> ApiError:
 
 async def user_for_token(key: str, client_ip: str) -> Any:
     now = time.monotonic()
+    await _forget_revoked(now)
     cached = _token_cache.get(key)
     if cached and cached[0] > now:
         return cached[1]

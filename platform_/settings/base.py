@@ -245,8 +245,11 @@ ONLINE_REFUSAL_DELAY_MS = env.float("ONLINE_REFUSAL_DELAY_MS", default=1000.0)
 # longer than this, is refused with 400 before it can exhaust the parser.
 ONLINE_MAX_JSON_DEPTH = env.int("ONLINE_MAX_JSON_DEPTH", default=32)
 ONLINE_MAX_NUMBER_DIGITS = env.int("ONLINE_MAX_NUMBER_DIGITS", default=64)
-# API_TOKEN_CACHE_S: how long a web process trusts a token it looked up (a revoked token works this long).
+# API_TOKEN_CACHE_S: how long a web process trusts a token it looked up (a revocation is seen sooner: below).
 API_TOKEN_CACHE_S = env.float("API_TOKEN_CACHE_S", default=30.0)
+# AUTH_REVOCATION_CHECK_S: how often a web process asks whether a token or user was revoked (then it
+# forgets its cached tokens): a revoked token stops working within about this.
+AUTH_REVOCATION_CHECK_S = env.float("AUTH_REVOCATION_CHECK_S", default=1.0)
 # AUTH_FAILURES_PER_WINDOW: failed authentications (bad token, bad password at a login form) one client
 # address may make per AUTH_FAILURE_WINDOW_S before its credential checks get 429; 0: no limit.
 AUTH_FAILURES_PER_WINDOW = env.int("AUTH_FAILURES_PER_WINDOW", default=20)
