@@ -39,6 +39,39 @@ def redis_answers(url: str) -> bool:
         return False
 
 
+# The key that marks a Redis database as this checkout's (its value: the checkout's path).
+OWNER_KEY = "platform:checkout"
+
+
+def own_database(url: str, checkout: str = str(ROOT)) -> str:
+    """A database of the Redis at `url` for this checkout alone: the one it claimed before, else the first
+    empty one, claimed. Two checkouts on one machine sharing database 0 would share queues, throttles and
+    metrics: one's workers would take the other's online requests."""
+    import redis
+
+    parsed = urlparse(url)
+    base = url[: -len(parsed.path)] if parsed.path not in ("", "/") else url.rstrip("/")
+    empty = None
+    for index in range(16):
+        client = redis.Redis.from_url(f"{base}/{index}", socket_connect_timeout=1)
+        try:
+            owner = client.get(OWNER_KEY)
+            if owner is not None and owner.decode() == checkout:
+                return f"{base}/{index}"
+            if empty is None and owner is None and client.dbsize() == 0:
+                empty = index
+        except redis.ResponseError:  # the server has fewer databases
+            break
+    if empty is None:
+        raise SystemExit(
+            f"every database of the Redis at {base} holds another's data; set REDIS_URL to one this checkout may use"
+        )
+    client = redis.Redis.from_url(f"{base}/{empty}")
+    if not client.set(OWNER_KEY, checkout, nx=True):  # another checkout claimed it a moment ago
+        return own_database(url, checkout)
+    return f"{base}/{empty}"
+
+
 def free_port(preferred: int) -> int:
     with socket.socket() as probe:
         if probe.connect_ex(("127.0.0.1", preferred)) != 0:
@@ -170,9 +203,13 @@ def main() -> int:
         os.environ["METRICS_TOKEN"] = local_secret("metrics_token")
 
     redis_proc = None
-    url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-    if redis_answers(url):
-        print(f"Using Redis at {url}")
+    given = os.environ.get("REDIS_URL")
+    url = given or "redis://127.0.0.1:6379/0"
+    if redis_answers(url) and given:
+        print(f"Using Redis at {url} (REDIS_URL)")
+    elif redis_answers(url):
+        url = own_database(url)
+        print(f"Using Redis at {url}: this checkout's own database (marked by the key {OWNER_KEY})")
     else:
         port = free_port(urlparse(url).port or 6379)
         redis_proc = start_embedded_redis(port)
