@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
+from typing import Any
 
+import celery.app.utils as celery_app_utils
 from celery import Celery
 from kombu import Exchange, Queue
 
@@ -65,3 +69,42 @@ def worker_role() -> str:
     if online and OFFLINE_QUEUE not in consumed:
         return "online"
     return os.environ.get("WORKER_QUEUE", "online")
+
+
+# Censoring of the app's configuration wherever Celery shows it: a worker's answer to `inspect conf`
+# (Flower's Config tab of a worker), `celery report` and `inspect report`. The configuration is every
+# Django setting (config_from_object above), and Celery masks a setting only when its name says
+# API, TOKEN, KEY, SECRET, PASS or DATABASE, or for the broker and result backend URLs: REDIS_URL and
+# CACHES' LOCATION showed their password to anyone who could open Flower.
+SETTING_MASK = "********"
+# A password in a URL: scheme://user:password@ (user may be empty, as in redis://:password@host). The
+# password stops at the first @ (a literal @ in one must be %-encoded to parse at all); over-masking an
+# odd value is harmless.
+_URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^:/?#@\s]*:)[^@\s]+(?=@)")
+# Names Celery's list misses that hold a credential whole (a Sentry DSN carries its key).
+_MORE_HIDDEN_NAMES = re.compile(r"CREDENTIAL|PRIVATE|DSN", re.IGNORECASE)
+_celery_censored = celery_app_utils.filter_hidden_settings
+
+
+def _without_url_passwords(value: Any) -> Any:
+    if isinstance(value, str):
+        return _URL_PASSWORD.sub(rf"\g<head>{SETTING_MASK}", value)
+    if isinstance(value, Mapping):
+        return {key: _without_url_passwords(item) for key, item in value.items()}
+    if type(value) in (list, tuple, set, frozenset):  # plain containers only: a namedtuple keeps its shape
+        return type(value)(_without_url_passwords(item) for item in value)
+    return value
+
+
+def censored_settings(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """Celery's censoring (by setting name, nested settings included), then the credential-holding names
+    it misses masked whole and the password of every URL, in any value at any depth, masked."""
+    return {
+        key: SETTING_MASK if isinstance(key, str) and _MORE_HIDDEN_NAMES.search(key) else _without_url_passwords(value)
+        for key, value in _celery_censored(conf).items()
+    }
+
+
+# Celery's Settings.table() and humanize() (behind `inspect conf` and every report) call this module-level
+# function, and nested mappings come back through it too; Celery offers no other hook.
+celery_app_utils.filter_hidden_settings = censored_settings

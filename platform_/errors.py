@@ -1,5 +1,5 @@
 """One error shape for the whole API: {"detail": <message a person can act on>, "code": <machine-readable>};
-and the error handlers that give people the product's styled 403/404/500 pages instead (templates/).
+and the error handlers that give people the product's styled 400/403/404/500 pages instead (templates/).
 """
 
 from __future__ import annotations
@@ -7,7 +7,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.http import Http404, HttpResponseServerError, JsonResponse
+from django.conf import settings
+from django.core.exceptions import (
+    DisallowedHost,
+    RequestDataTooBig,
+    SuspiciousOperation,
+    TooManyFieldsSent,
+    TooManyFilesSent,
+)
+from django.http import Http404, HttpResponseBadRequest, HttpResponseServerError, JsonResponse
 from django.views import csrf, defaults
 from rest_framework import exceptions
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -63,6 +71,40 @@ def is_api_path(path: str) -> bool:
     return path.startswith(("/api/", "/v1/", "/metrics/")) or path == "/metrics"
 
 
+def _bad_request_answer(exception: Exception | None) -> tuple[int, str, str]:
+    """(status, code, detail) for what Django refused before any view could (its SuspiciousOperations)."""
+    if isinstance(exception, TooManyFieldsSent):
+        limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+        return 400, "too_many_fields", f"the form or query string has more than {limit} fields"
+    if isinstance(exception, TooManyFilesSent):
+        return 400, "too_many_files", f"the form has more than {settings.DATA_UPLOAD_MAX_NUMBER_FILES} files"
+    if isinstance(exception, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return 413, "payload_too_large", f"the form's fields (files aside) are larger than {limit} bytes"
+    if isinstance(exception, DisallowedHost):
+        return 400, "disallowed_host", str(exception)
+    if isinstance(exception, SuspiciousOperation):  # a malformed multipart form, a bad file name, ...
+        return 400, "bad_request", f"the request was refused: {exception}"
+    return 400, "bad_request", "the request could not be read"
+
+
+def json_400(request: Any, exception: Exception | None = None) -> Any:
+    """handler400: what Django refuses itself (more form fields than DATA_UPLOAD_MAX_NUMBER_FIELDS, a
+    foreign Host, ...) answered as JSON naming the problem on API paths (its own HTML page otherwise),
+    and with the product's styled 400 page (templates/400.html) for people."""
+    status, code, detail = _bad_request_answer(exception)
+    if request.path.startswith("/v1/"):  # OpenAI-compatible endpoints answer in OpenAI's error shape
+        error = {"message": detail, "type": "invalid_request_error", "param": None, "code": code}
+        return JsonResponse({"error": error}, status=status)
+    if is_api_path(request.path):
+        return JsonResponse({"detail": detail, "code": code}, status=status)
+    try:
+        return defaults.bad_request(request, exception)
+    except Exception:  # a request Django refused may be what the page cannot render: never a 500 for it
+        logging.getLogger(__name__).exception("the 400 page could not be rendered")
+        return HttpResponseBadRequest(f"Bad request: {detail}.\n", content_type="text/plain")
+
+
 def json_403(request: Any, exception: Exception | None = None) -> Any:
     """handler403: JSON for API paths; the product's styled 403 page (templates/403.html) for people."""
     if is_api_path(request.path):
@@ -105,10 +147,21 @@ def csrf_failure(request: Any, reason: str = "") -> Any:
     return csrf.csrf_failure(request, reason)
 
 
+# Django's security loggers for a client's oversized form: each logs its traceback at ERROR (about 2 KB).
+_CLIENT_FORM_LOGGERS = frozenset(
+    f"django.security.{name}" for name in ("TooManyFieldsSent", "TooManyFilesSent", "RequestDataTooBig")
+)
+
+
 class SkipExpectedRefusals(logging.Filter):
     """Drop django.request's log line for 503/504 answers: under overload they are the designed
-    behaviour, counted in metrics; logging each one would make logging the bottleneck."""
+    behaviour, counted in metrics; logging each one would make logging the bottleneck. Keep a
+    client's oversized form to one line: the traceback says nothing about it, and a flood of such
+    forms would otherwise write kilobytes per request."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.name in _CLIENT_FORM_LOGGERS:
+            record.exc_info, record.exc_text, record.levelno, record.levelname = None, None, logging.WARNING, "WARNING"
+            return True
         status = getattr(record, "status_code", None)
         return not (record.name == "django.request" and status in (503, 504))

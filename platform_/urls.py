@@ -7,8 +7,8 @@ from django.contrib.auth import views as auth_views
 from django.contrib.staticfiles.views import serve as serve_static
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
+from platform_.api_docs import RedocView, SchemaView, SwaggerView
 from platform_.auth_throttle import throttle_login
 
 urlpatterns = [
@@ -44,9 +44,10 @@ urlpatterns = [
     path("jobs/", include("jobs.urls")),
     # Session login for people (browser pages, and API calls from a logged-in browser).
     path("accounts/", include("rest_framework.urls")),
-    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
-    path("api/redoc/", SpectacularRedocView.as_view(url_name="schema"), name="api-redoc"),
+    # drf-spectacular's views, with OPTIONS and errors answered as JSON (platform_/api_docs.py).
+    path("api/schema/", SchemaView.as_view(), name="schema"),
+    path("api/docs/", SwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/redoc/", RedocView.as_view(url_name="schema"), name="api-redoc"),
 ]
 
 if settings.SERVE_STATIC:
@@ -55,6 +56,7 @@ if settings.SERVE_STATIC:
     urlpatterns.append(re_path(r"^static/(?P<path>.*)$", serve_static, {"insecure": True}))
 
 # Styled pages with navigation for people, the API's JSON shape for /api/ and /metrics (platform_/errors.py).
+handler400 = "platform_.errors.json_400"
 handler403 = "platform_.errors.json_403"
 handler404 = "platform_.errors.json_404"
 handler500 = "platform_.errors.json_500"

@@ -267,8 +267,11 @@ def model_list_body(registry: Registry) -> dict[str, Any]:
 
 
 def _method(request: HttpRequest, allowed: str) -> None:
-    if request.method != allowed:
-        raise OpenAIError(405, "method_not_allowed", f"use {allowed}, not {request.method}", headers={"Allow": allowed})
+    # A GET answers HEAD too (the server drops the body): monitors and load balancers probe with it.
+    methods = (allowed, "HEAD") if allowed == "GET" else (allowed,)
+    if request.method not in methods:
+        detail = f"use {allowed}, not {request.method}"
+        raise OpenAIError(405, "method_not_allowed", detail, headers={"Allow": ", ".join(methods)})
 
 
 async def _embeddings(request: HttpRequest, request_id: str, started_at: float, seen: dict[str, Any]) -> JsonResponse:

@@ -134,7 +134,10 @@ def add_predict_endpoint(result: dict[str, Any], generator: Any, request: Any, p
                                             "batch_requests": {"type": "integer"},
                                         },
                                     },
-                                    "worker": {"type": "string"},
+                                    "worker": {
+                                        "type": "string",
+                                        "description": "the worker that answered (host:pid); staff callers only",
+                                    },
                                 },
                             },
                         }

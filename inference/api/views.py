@@ -75,9 +75,12 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
         caller_key=client_key(request.headers),
     )
     seen["timing"], seen["worker"] = result.timing, result.worker
-    response = JsonResponse(
-        {"model": name, "outputs": result.outputs, "timing": result.timing, "worker": result.worker}
-    )
+    body = {"model": name, "outputs": result.outputs, "timing": result.timing}
+    if user.is_staff:
+        # The worker child that answered (host:pid), for operators tracing a call across hosts. Tenants
+        # are not told it: host names and process ids would map the fleet for an attacker.
+        body["worker"] = result.worker
+    response = JsonResponse(body)
     response["Server-Timing"] = server_timing(result.timing)
     return response
 
@@ -300,8 +303,10 @@ _model_list = inline_serializer(
 )
 
 
+# HEAD as well (GET without the body, which the server drops): monitors and load balancers probe with it,
+# and DRF's api_view allows only the methods it is given.
 @extend_schema(responses=_model_list, summary="Served models and whether an online worker serves each")
-@api_view(["GET"])
+@api_view(["GET", "HEAD"])
 def model_list(request: Request) -> Response:
     registry = get_registry()
     workers = _serving_workers()
@@ -328,7 +333,7 @@ def model_list(request: Request) -> Response:
 
 
 @extend_schema(responses=inline_serializer("Health", fields={"status": serializers.CharField()}))
-@api_view(["GET"])
+@api_view(["GET", "HEAD"])
 @authentication_classes([])
 @permission_classes([AllowAny])
 def health(request: Request) -> Response:
@@ -339,7 +344,7 @@ def health(request: Request) -> Response:
 @extend_schema(
     responses=inline_serializer("Ready", fields={"status": serializers.CharField(), "checks": serializers.DictField()})
 )
-@api_view(["GET"])
+@api_view(["GET", "HEAD"])
 @authentication_classes([])
 @permission_classes([AllowAny])
 def ready(request: Request) -> Response:

@@ -34,7 +34,8 @@ LABELS = {"billing", "shipping", "technical", "account", "sales"}
 
 
 def answered_on(response: requests.Response) -> str:
-    """The host whose worker child answered (worker ids are `hostname:pid`)."""
+    """The host whose worker child answered (worker ids are `hostname:pid`, shown to staff callers only:
+    the cluster's test user is staff, tests/multihost/conftest.py)."""
     return response.json()["worker"].split(":")[0]
 
 
