@@ -12,6 +12,9 @@ proxy the proxy bounds these, but `make run` has none, so the server bounds them
 
 - header time: a request's line and headers must arrive within WEB_HEADER_TIMEOUT_S of the connection
   opening (or of the request's first byte on a kept-alive connection), else 408 and close;
+- body time: a request body that stops arriving for WEB_BODY_IDLE_TIMEOUT_S is given up (the
+  connection closes; the view sees the client leave), so a slow-body client cannot hold a connection
+  and its half-read upload for ever either;
 - header size and count: more than WEB_MAX_HEADER_BYTES of request line and headers, or more than
   WEB_MAX_HEADERS fields, gets 431 and close, before the rest is read or kept;
 - connections: a process holds at most WEB_MAX_CONNECTIONS (clamped below its descriptor limit, so
@@ -52,6 +55,7 @@ RESERVED_FDS = 512
 @dataclass(frozen=True)
 class Limits:
     header_timeout_s: float
+    body_idle_timeout_s: float
     max_header_bytes: int
     max_headers: int
     max_connections: int
@@ -94,6 +98,7 @@ def limits() -> Limits:
     networks, trust_all = parse_networks(settings.FORWARDED_ALLOW_IPS)
     return Limits(
         header_timeout_s=settings.WEB_HEADER_TIMEOUT_S,
+        body_idle_timeout_s=settings.WEB_BODY_IDLE_TIMEOUT_S,
         max_header_bytes=settings.WEB_MAX_HEADER_BYTES,
         max_headers=settings.WEB_MAX_HEADERS,
         max_connections=connection_limit(settings.WEB_MAX_CONNECTIONS, descriptor_limit()),
@@ -128,6 +133,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._address = ""
         self._counted = False
         self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body_seen_at = 0.0
         self._reading_headers = True
         self._header_bytes = 0
         self._parsed_header_bytes = 0
@@ -171,6 +178,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        self._cancel_body_timer()
         if self._counted:
             self._counted = False
             self.per_address[self._address] -= 1
@@ -199,6 +207,32 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                     f"the request line and headers did not arrive within {self._limits.header_timeout_s:g} s",
                 )
             )
+
+    # --- body time -------------------------------------------------------------------------
+    # One timer per request body, not one per chunk: it re-arms itself for the time left since the
+    # last chunk arrived.
+    def _arm_body_timer(self, delay_s: float) -> None:
+        self._body_timer = self.loop.call_later(delay_s, self._body_idle)
+
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_idle(self) -> None:
+        self._body_timer = None
+        if self.transport.is_closing():
+            return
+        idle_s = self.loop.time() - self._body_seen_at
+        if idle_s < self._limits.body_idle_timeout_s:
+            self._arm_body_timer(self._limits.body_idle_timeout_s - idle_s)
+            return
+        self.logger.info("closing a connection whose request body stopped for %.0f s", idle_s)
+        self.transport.close()  # the view's receive() gets http.disconnect
+
+    def on_body(self, body: bytes) -> None:
+        self._body_seen_at = self.loop.time()
+        super().on_body(body)
 
     # --- header size and count -------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
@@ -275,8 +309,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._reading_headers = False
         self._cancel_header_timer()
         super().on_headers_complete()
+        if self._limits.body_idle_timeout_s > 0 and self._body_timer is None:
+            self._body_seen_at = self.loop.time()
+            self._arm_body_timer(self._limits.body_idle_timeout_s)
 
     def on_message_complete(self) -> None:
+        self._cancel_body_timer()
         super().on_message_complete()
         # What arrives next belongs to the next request's headers (counted from here).
         self._reading_headers, self._header_bytes = True, 0

@@ -263,6 +263,8 @@ AUTH_ACCOUNT_FAILURE_WINDOW_S = env.int("AUTH_ACCOUNT_FAILURE_WINDOW_S", default
 # The web server's own limits (platform_/server.py), which hold without a proxy in front.
 # WEB_HEADER_TIMEOUT_S: a request's line and headers must arrive within this, else 408 and close.
 WEB_HEADER_TIMEOUT_S = env.float("WEB_HEADER_TIMEOUT_S", default=10.0)
+# WEB_BODY_IDLE_TIMEOUT_S: a request body that stops arriving for this long is given up (connection closed).
+WEB_BODY_IDLE_TIMEOUT_S = env.float("WEB_BODY_IDLE_TIMEOUT_S", default=30.0)
 # WEB_MAX_HEADER_BYTES / WEB_MAX_HEADERS: larger request line and headers, or more fields, get 431.
 WEB_MAX_HEADER_BYTES = env.int("WEB_MAX_HEADER_BYTES", default=32 * 1024)
 WEB_MAX_HEADERS = env.int("WEB_MAX_HEADERS", default=100)

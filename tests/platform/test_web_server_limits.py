@@ -26,6 +26,7 @@ from tests.conftest import _start, _stop, free_port, wait_until
 pytestmark = pytest.mark.integration
 
 HEADER_TIMEOUT_S = 1.0
+BODY_IDLE_TIMEOUT_S = 2.0
 PER_ADDRESS = 20
 PER_PROCESS = 50
 AUTH_FAILURES = 3
@@ -57,7 +58,13 @@ def _server(stack, tmp_path, name: str, **overrides: str) -> tuple[str, object]:
 @pytest.fixture
 def strict(stack, tmp_path) -> Iterator[str]:
     """A web process with a 1 s header timeout."""
-    url, web = _server(stack, tmp_path, "strict", WEB_HEADER_TIMEOUT_S=str(HEADER_TIMEOUT_S))
+    url, web = _server(
+        stack,
+        tmp_path,
+        "strict",
+        WEB_HEADER_TIMEOUT_S=str(HEADER_TIMEOUT_S),
+        WEB_BODY_IDLE_TIMEOUT_S=str(BODY_IDLE_TIMEOUT_S),
+    )
     try:
         yield url
     finally:
@@ -143,6 +150,29 @@ def test_headers_sent_a_byte_at_a_time_are_cut_at_the_header_deadline(strict):
             answer = b"reset"
     assert answer is not None, "the server still read a request whose headers never ended"
     assert answer.startswith(b"HTTP/1.1 408") or answer in (b"", b"reset"), answer[:200]
+
+
+def test_a_body_that_stops_arriving_is_given_up(strict):
+    sock = _connect(strict)
+    body = b'{"inputs": ["hello"]}'
+    head = "POST /api/v1/models/router/predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    sock.sendall(f"{head}Content-Length: {len(body) + 1000}\r\n\r\n".encode() + body)
+    started = time.monotonic()
+    _read_until_closed(sock, timeout_s=BODY_IDLE_TIMEOUT_S + 10)
+    assert time.monotonic() - started < BODY_IDLE_TIMEOUT_S + 5, "the server waited on a body that stopped"
+
+
+def test_a_body_that_keeps_arriving_slowly_is_not_cut(strict):
+    """The body timeout is for a body that stops, not for a slow one: each piece re-arms it."""
+    sock = _connect(strict)
+    head = "POST /api/v1/models/router/predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    body = b'{"inputs": ["hello"]}'
+    sock.sendall(f"{head}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode())
+    for i in range(0, len(body), 7):  # three pieces, BODY_IDLE_TIMEOUT_S * 0.6 apart: 2.4 s in all
+        sock.sendall(body[i : i + 7])
+        time.sleep(BODY_IDLE_TIMEOUT_S * 0.6)
+    answer = _read_until_closed(sock, timeout_s=15)
+    assert answer.startswith(b"HTTP/1.1 401"), answer[:200]  # read whole, then refused: no credentials
 
 
 def test_a_header_over_the_size_limit_gets_431_before_the_rest_is_read(stack):
