@@ -238,6 +238,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._reading_headers:
             self._header_bytes += len(data)
+            # Bytes that never start a request (blank lines between kept-alive requests) cancel
+            # uvicorn's keep-alive timer below; this clock keeps running for them.
+            self._arm_header_timer()
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)

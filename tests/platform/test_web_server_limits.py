@@ -152,6 +152,27 @@ def test_headers_sent_a_byte_at_a_time_are_cut_at_the_header_deadline(strict):
     assert answer.startswith(b"HTTP/1.1 408") or answer in (b"", b"reset"), answer[:200]
 
 
+def test_a_kept_alive_connection_fed_blank_lines_is_closed(strict):
+    """After one answer, bytes that never start a request (blank lines) must not hold the connection."""
+    sock = _connect(strict)
+    sock.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    sock.settimeout(5)
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    started = time.monotonic()
+    closed = False
+    sock.settimeout(0.3)
+    while not closed and time.monotonic() - started < HEADER_TIMEOUT_S + 10:
+        try:
+            sock.sendall(b"\r\n")  # every 0.3 s: well within keep-alive's 5 s idle timeout
+            sock.recv(4096)  # the 408, or b"" once closed: either way the server ended it
+            closed = True
+        except TimeoutError:
+            continue
+        except OSError:
+            closed = True
+    assert closed, "a connection fed blank lines stayed open"
+
+
 def test_a_body_that_stops_arriving_is_given_up(strict):
     sock = _connect(strict)
     body = b'{"inputs": ["hello"]}'
