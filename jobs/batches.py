@@ -125,10 +125,11 @@ def create_batch(
     _check_metadata(metadata)
     model = check_endpoint(endpoint) or first_line_model(stored)
     share = quotas.share_of(owner)
-    quotas.check_new_job(owner, share)
-    lifecycle.check_reading(owner)
+    lifecycle.check_admission(owner, share)
     now = timezone.now()
     with transaction.atomic():
+        quotas.lock_owner(owner)  # the check again, atomic with the job's creation (lifecycle.create_job says why)
+        lifecycle.check_admission(owner, share)
         job = Job.objects.create(
             owner=owner,
             model=model,

@@ -328,17 +328,28 @@ def _cut(connection: http.client.HTTPConnection) -> None:
             pass
 
 
+def announced_outcome(job: Job) -> str:
+    """What a receiver learns from an end: its status and row counts (the rest of the summary follows)."""
+    return f"{job.status} {job.done_rows}/{job.failed_rows}/{job.total_rows}"
+
+
 def schedule(job: Job, **_: Any) -> None:
     """The job has just ended (its terminal transition won): start its callback, if it has one.
 
-    Called once per end, as a receiver of jobs.signals.job_ended. A job that ends again after a retry of its failed rows gets
-    a new callback: the record starts over and the end is named by its finished_at, so attempts
-    still pending for the earlier end stop (the receiver gets each end's summary once it is delivered).
+    Called once per end, as a receiver of jobs.signals.job_ended. A callback tells its receiver that
+    the job's results are there, or have changed: each end whose outcome (status and row counts) the
+    receiver has not been delivered yet is announced, once. A retry of the failed rows ends the job
+    again: if some rows now succeed (or it is cancelled), the receiver gets the new summary; if every
+    retried row fails again, the outcome is the one already delivered, and a second identical summary
+    would only be noise (retried in a loop, a flood on the receiver), so none is sent and the record
+    keeps the earlier delivery. Each end is named by its finished_at, so attempts still pending for an
+    earlier end stop, and that end, never delivered, is announced with the next one.
     """
     if not job.callback_url or job.finished_at is None:
         return
     if job.file_format == FileFormat.BATCH and not batches.finalized(job):
         return  # a batch calls back once its output files are written (jobs/batches.finalize calls this again)
+    outcome = announced_outcome(job)
     fields: dict[str, Any] = {
         "callback_status": CallbackStatus.PENDING,
         "callback_attempts": 0,
@@ -346,8 +357,11 @@ def schedule(job: Job, **_: Any) -> None:
         "callback_last_error": "",
         "callback_last_at": None,
     }
-    if not Job.objects.filter(pk=job.pk, finished_at=job.finished_at).update(**fields):
-        return  # requeued already: its next end will call back
+    this_end = Job.objects.filter(pk=job.pk, finished_at=job.finished_at)
+    if not this_end.exclude(callback_status=CallbackStatus.DELIVERED, callback_outcome=outcome).update(**fields):
+        if this_end.exists():
+            logger.info("job %s ended again as before (%s), already delivered: not called back again", job.pk, outcome)
+        return  # else requeued already: its next end will call back
     for name, value in fields.items():
         setattr(job, name, value)
     ended_at = job.finished_at.isoformat()
@@ -421,7 +435,11 @@ def attempt(job_id: int, ended_at: str, number: int, *, now: datetime | None = N
     mine = Job.objects.filter(
         pk=job_id, finished_at=job.finished_at, callback_attempts=number, callback_status=CallbackStatus.PENDING
     )
-    mine.update(callback_status=status, callback_last_status=answer.status, callback_last_error=answer.error[:500])
+    # The outcome delivered, so that an end repeating it is not announced again (schedule).
+    delivered = {"callback_outcome": announced_outcome(job)} if status == CallbackStatus.DELIVERED else {}
+    mine.update(
+        callback_status=status, callback_last_status=answer.status, callback_last_error=answer.error[:500], **delivered
+    )
     log = logger.info if status == CallbackStatus.DELIVERED else logger.warning
     log("job %s callback attempt %d: %s (%s)", job_id, number, answer.status or answer.error, status)
     if status != CallbackStatus.PENDING:

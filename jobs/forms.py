@@ -21,7 +21,8 @@ class UploadForm(forms.Form):
             attrs={"accept": ".csv,.tsv,.txt,.jsonl,.ndjson,text/csv,text/plain,application/jsonl"}
         ),
     )
-    model = forms.ChoiceField()
+    # Choice errors name the choices, not the value sent (Django's own would echo a value of any size).
+    model = forms.ChoiceField(error_messages={"invalid_choice": "choose one of the served models"})
     # Left blank, the text column is "text"; not prefilled, so that a question-answering upload (which
     # refuses a text column) does not carry one the person never typed.
     text_column = forms.CharField(
@@ -38,19 +39,23 @@ class UploadForm(forms.Form):
         max_length=255,
         help_text="question-answering models: the header of the contexts' column (the passages answers come from)",
     )
-    id_column = forms.CharField(required=False, label="ID column", help_text="optional: copied to the results")
+    id_column = forms.CharField(
+        required=False, max_length=255, label="ID column", help_text="optional: copied to the results"
+    )
     delimiter = forms.ChoiceField(
         required=False,
         choices=[("", "detect from the file"), ("comma", "comma ,"), ("semicolon", "semicolon ;"), ("tab", "tab")],
+        error_messages={"invalid_choice": "choose comma, semicolon or tab, or leave it to be detected"},
     )
     priority = forms.ChoiceField(
         required=False,  # left out: normal, as on the API
         choices=Priority.choices,
+        error_messages={"invalid_choice": "choose high, normal or low"},
         initial=Priority.NORMAL,
         help_text="higher is served first; a lower priority still advances (normal unless staff raised your limit)",
     )
     encoding = forms.CharField(
-        initial="utf-8", help_text="utf-8, latin-1, gbk, ...; a UTF-8/16/32 byte-order mark is honoured"
+        max_length=40, initial="utf-8", help_text="utf-8, latin-1, gbk, ...; a UTF-8/16/32 byte-order mark is honoured"
     )
 
     def __init__(self, *args, **kwargs) -> None:

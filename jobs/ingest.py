@@ -41,6 +41,30 @@ _BOMS = (
 )
 
 
+# Error messages quote what the uploader sent (header cells, column names, values) so they can find it;
+# this much of it, so that an error answer stays a few KB whatever the input (a header of a million
+# empty cells was answered with its whole header, twice: 160 MB for a 20 MB upload).
+SHOWN_CHARS = 64
+SHOWN_ITEMS = 10
+
+
+def shown(value: object, max_chars: int = SHOWN_CHARS) -> str:
+    """`value` quoted for an error message (a number as it is), cut to max_chars and its full length given."""
+    if isinstance(value, int):
+        return str(value)
+    text = str(value)
+    if len(text) <= max_chars:
+        return repr(text)
+    return f"{text[:max_chars]!r}... ({len(text)} characters)"
+
+
+def shown_list(values: list, max_items: int = SHOWN_ITEMS, max_chars: int = SHOWN_CHARS) -> str:
+    """The first max_items of `values`, each `shown`, then how many more there are."""
+    listed = ", ".join(shown(value, max_chars) for value in values[:max_items])
+    more = len(values) - max_items
+    return f"{listed} and {more} more" if more > 0 else listed
+
+
 class IngestError(Exception):
     """The file cannot be used; the message says why, in terms the uploader can act on.
 
@@ -93,13 +117,13 @@ def input_columns(model: str, task: str, given: Mapping[str, str]) -> dict[str, 
     missing = [name for name in wanted if not chosen[name]]
     if missing:
         raise IngestError(
-            f"model {model!r} (task {task}) needs {' and '.join(wanted)}; missing: {', '.join(missing)}",
+            f"model {shown(model)} (task {task}) needs {' and '.join(wanted)}; missing: {', '.join(missing)}",
             field=missing[0],
         )
     extra = [name for name in COLUMN_FIELDS if chosen[name] and name not in wanted]
     if extra:
         raise IngestError(
-            f"model {model!r} (task {task}) reads {' and '.join(wanted)}, not {', '.join(extra)}; leave it out",
+            f"model {shown(model)} (task {task}) reads {' and '.join(wanted)}, not {', '.join(extra)}; leave it out",
             field=extra[0],
         )
     return {field: chosen[column_field(field)] for field in fields}
@@ -152,10 +176,12 @@ def check_encoding(name: str) -> str:
     try:
         info = codecs.lookup(name)
     except (LookupError, ValueError, TypeError):
-        raise IngestError(f"unknown encoding {name!r}; use a character encoding such as {VALID_ENCODINGS}") from None
+        raise IngestError(
+            f"unknown encoding {shown(name)}; use a character encoding such as {VALID_ENCODINGS}"
+        ) from None
     if getattr(info, "_is_text_encoding", True) is False or info.name in _NOT_CHARSETS:
         raise IngestError(
-            f"encoding {name!r} is not a character encoding of text files; use one such as {VALID_ENCODINGS}"
+            f"encoding {shown(name)} is not a character encoding of text files; use one such as {VALID_ENCODINGS}"
         )
     return "utf-8" if info.name == "utf-8-sig" else info.name
 
@@ -206,7 +232,8 @@ class DecodedLines:
             if "\n" in text:
                 pieces = text.split("\n")
                 pieces[0] = "".join(partial) + pieces[0]
-                partial = [pieces.pop()] if pieces[-1] else []
+                last = pieces.pop()  # after the last "\n": the start of the next line ("" at a line's end)
+                partial = [last] if last else []
                 partial_chars = len(partial[0]) if partial else 0
                 for line in pieces:
                     self._check_length(self.line_no + 1, len(line))

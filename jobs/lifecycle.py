@@ -11,7 +11,8 @@ from collections.abc import Iterable, Mapping
 from typing import IO
 
 from django.conf import settings
-from django.db import transaction
+from django.core.exceptions import ObjectDoesNotExist
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -20,7 +21,7 @@ from inference.task_io import takes_text
 from inference.tokens import token_counts
 from jobs import enqueue, files, quotas, readers, scheduler
 from jobs.files import PartsGone, PartsReader
-from jobs.ingest import IngestError, IngestLimits, in_task_order, input_columns
+from jobs.ingest import IngestError, IngestLimits, in_task_order, input_columns, shown
 from jobs.models import Batch, Chunk, FileFormat, FilePart, Job, JobRow, JobStatus, Priority, RowStatus, UploadPart
 from platform_.errors import ApiError
 
@@ -62,18 +63,23 @@ def create_job(
     """
     spec = get_registry().get(model)
     if spec is None:
-        raise IngestError(f"unknown model {model!r}; served models: {', '.join(get_registry().names())}", field="model")
+        raise IngestError(
+            f"unknown model {shown(model)}; served models: {', '.join(get_registry().names())}", field="model"
+        )
     mapping = input_columns(model, spec.task, {**(columns or {}), "text_column": text_column})
     share = quotas.share_of(owner)
     quotas.check_priority(share, priority)
-    quotas.check_new_job(owner, share)
-    check_reading(owner)
+    # Checked here too, unlocked, so that a user at a quota hears so before their file is looked at.
+    check_admission(owner, share)
     reader = readers.from_upload({"encoding": encoding, "delimiter": delimiter, "file_format": file_format})
     checked = reader.check_start(upload, columns=mapping, id_column=id_column, limits=ingest_limits())
     upload.seek(0)
     # Text tasks keep their column in `text_column`, as every job before structured inputs did.
     structured = not takes_text(spec.task)
     with transaction.atomic():
+        # Again under the owner's lock, in the transaction that creates the job: the check that counts.
+        quotas.lock_owner(owner)
+        check_admission(owner, share)
         job = Job.objects.create(
             owner=owner,
             model=model,
@@ -91,6 +97,13 @@ def create_job(
         Job.objects.filter(pk=job.pk).update(upload_bytes=job.upload_bytes)
     ingest_soon(job)
     return job
+
+
+def check_admission(owner, share: quotas.Share) -> None:
+    """The per-user limits a new job must pass (IngestError, 429, naming the limit). Atomic only inside a
+    transaction holding `quotas.lock_owner(owner)`, through to the job's creation."""
+    quotas.check_new_job(owner, share)
+    check_reading(owner)
 
 
 def check_reading(owner) -> None:
@@ -123,7 +136,10 @@ def ingest_soon(job: Job) -> None:
             logger.exception("job %s: reading the small file in the request failed; queued for a worker", job.pk)
             Job.objects.filter(pk=job.pk, status=JobStatus.INGESTING).update(ingest_claimed_at=None)
             enqueue_ingest(job.pk)
-        job.refresh_from_db()
+        try:
+            job.refresh_from_db()
+        except Job.DoesNotExist:  # deleted meanwhile, with its owner: answered as it was created
+            pass
     else:
         enqueue_ingest(job.pk)
 
@@ -166,7 +182,20 @@ def run_ingest(job_id: int) -> None:
     Rows go in committed batches with progress noted after each; a worker that dies leaves the job
     `ingesting`, and the reconciler queues the ingest again, which starts over. A file problem fails
     the job with the message a 400 would have carried.
+
+    A job deleted while it is read (its owner deleted, and the job with them) ends the read with one
+    log line: its rows' inserts then break their foreign key and its own row is gone, which is no
+    fault of the worker, and the job has nobody left to tell.
     """
+    try:
+        _ingest(job_id)
+    except (IntegrityError, ObjectDoesNotExist):
+        if Job.objects.filter(pk=job_id).exists():
+            raise
+        logger.info("ingest of job %s stopped: the job was deleted while its file was read", job_id)
+
+
+def _ingest(job_id: int) -> None:
     job = Job.claim_ingest(job_id, settings.JOBS_STALL_S)
     if job is None:
         return  # ingested, cancelled, or another worker is on it: a duplicate message
@@ -298,7 +327,10 @@ def cancel(job: Job) -> bool:
 
 
 def retry_failed(job: Job) -> int:
-    """Re-run only the failed rows of an ended job; returns how many rows were queued again."""
+    """Re-run only the failed rows of an ended job; returns how many rows were queued again.
+
+    The job ends again once they have run; its callback announces that end only if the outcome changed
+    (a retry whose rows all fail again is not announced twice: jobs/callbacks.py, schedule)."""
     requeued, chunks = job.requeue_failed()
     if chunks:
         scheduler.refill_after_commit()

@@ -111,6 +111,9 @@ class Job(models.Model):
     )
     callback_last_error = models.CharField(max_length=500, blank=True)
     callback_last_at = models.DateTimeField(null=True, blank=True)
+    # The outcome (status and row counts) of the last end whose callback was delivered: an end that
+    # repeats it (a retry whose rows all failed again) is not announced again (jobs/callbacks.py).
+    callback_outcome = models.CharField(max_length=64, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
@@ -300,17 +303,10 @@ class Job(models.Model):
             Chunk.objects.filter(pk__in=[c.pk for c in chunks]).update(
                 status=ChunkStatus.QUEUED, enqueued_at=timezone.now(), progress_at=None, dispatched_at=None
             )
-            # The callback record is of the end being undone: cleared, and written anew when the job ends again.
-            Job.objects.filter(pk=job.pk).update(
-                status=JobStatus.QUEUED,
-                finished_at=None,
-                error="",
-                callback_status="",
-                callback_attempts=0,
-                callback_last_status=None,
-                callback_last_error="",
-                callback_last_at=None,
-            )
+            # The callback record stays that of the last end until the job ends again: attempts still pending for
+            # that end stop (they are claimed by its finished_at), and the next end is announced unless it
+            # repeats the outcome already delivered (jobs/callbacks.py, schedule).
+            Job.objects.filter(pk=job.pk).update(status=JobStatus.QUEUED, finished_at=None, error="")
             job.refresh_counts()
         self.refresh_from_db()
         return len(failed), chunks

@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db.models import F, Sum
 
 from jobs.fairshare import BANDS, band_rank
-from jobs.ingest import IngestError
+from jobs.ingest import IngestError, shown
 from jobs.models import TERMINAL, Job, JobStatus, UserShare
 
 
@@ -51,7 +52,7 @@ def _or(value: int | None, default: int) -> int:
 
 def check_priority(share: Share, priority: str) -> None:
     if priority not in BANDS:
-        raise IngestError(f"unknown priority {priority!r}; one of: {', '.join(BANDS)}", field="priority")
+        raise IngestError(f"unknown priority {shown(priority)}; one of: {', '.join(BANDS)}", field="priority")
     if band_rank(priority) < band_rank(share.max_priority):
         raise IngestError(
             f"priority {priority!r} is above your highest allowed priority ({share.max_priority!r}); "
@@ -72,6 +73,13 @@ def queued_rows(user, exclude_job_id: int | None = None) -> int:
         "rows"
     ]
     return int(running or 0) + int(reading or 0)
+
+
+def lock_owner(user) -> None:
+    """Lock the user's row until the transaction ends: a check of what they have (jobs not yet ended,
+    uploads being read) and the job it admits then happen as one, and their other uploads wait their
+    turn. Without it, uploads sent at once all counted the same jobs and all passed."""
+    list(get_user_model().objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True))
 
 
 def check_new_job(user, share: Share) -> None:

@@ -31,6 +31,8 @@ from jobs.ingest import (
     json_line_chars,
     numbered_rows,
     read_start,
+    shown,
+    shown_list,
     storable,
     strip_nul,
 )
@@ -134,7 +136,8 @@ class CsvReader(_StreamedFormat):
         if first is None:
             raise IngestError("the file is empty")
         chosen = pick_delimiter(first, self.delimiter)
-        reader = csv.reader(itertools.chain([first], lines), delimiter=chosen)
+        quotes = _QuoteTracker(chosen)
+        reader = csv.reader(quotes.follow(itertools.chain([first], lines), source), delimiter=chosen)
         header = [strip_nul(name).strip() for name in next(reader)]
         fields = in_task_order(columns)
         _check_header(header, columns, fields, id_column, chosen)
@@ -163,29 +166,83 @@ class CsvReader(_StreamedFormat):
         return replace(self, encoding=source.codec, delimiter=chosen), rows()
 
 
+class _QuoteTracker:
+    """Follows the csv module's quoting over the lines it reads, to catch a quoted value never closed.
+
+    Python's csv reader (not strict) reads such a value to the end of the file, or to the next quote,
+    so a stray quote turned the rest of a file, or the rows up to the next quoted value, into one row's
+    text, silently. Both are refused: a value still open at the end of the file, and one that ran over
+    line ends and is closed by a quote with text right after it (a value's closing quote is followed
+    by a delimiter or the line's end; here the "closing" quote was another value's opening one). A
+    one-line value with text after its closing quote is left to the csv module (it joins the two), as
+    before: it harms no other row. The rules followed are the module's for the default dialect: a
+    quote opens a quoted value only as its first character (elsewhere it is a character of the value),
+    and inside one a doubled quote stands for a quote.
+    """
+
+    def __init__(self, delimiter: str) -> None:
+        self.delimiter = delimiter
+        self.open_at: int | None = None  # the line whose quote is still open
+
+    def follow(self, lines: Iterator[str], source: DecodedLines) -> Iterator[str]:
+        """`lines`, as they are; IngestError at the end of the file if a quoted value is still open."""
+        for line in lines:
+            self._scan(line, source.line_no)
+            yield line
+        if self.open_at is not None:
+            raise IngestError(
+                f"line {self.open_at}: a quoted value opened on this line is never closed, so everything after it, "
+                f"to the end of the file (line {source.line_no}), would be one value; close the quote, or write a "
+                'quote inside a value as two ("")'
+            )
+
+    def _scan(self, line: str, line_no: int) -> None:
+        i, end = 0, len(line)
+        while i < end:
+            at = line.find('"', i)
+            if at < 0:
+                return
+            if self.open_at is not None:
+                if line.startswith('"', at + 1):  # a doubled quote: a quote in the value
+                    i = at + 2
+                    continue
+                after = line[at + 1 : at + 2]
+                if self.open_at != line_no and after not in ("", "\n", "\r", self.delimiter):
+                    raise IngestError(
+                        f"line {self.open_at}: a quoted value opened on this line runs on to line {line_no}, where "
+                        "text follows the quote that ends it, so the rows between would be one value; close the "
+                        'quote on its own line, or write a quote inside a value as two ("")'
+                    )
+                self.open_at = None  # closed; what follows up to the delimiter is the value's too
+            elif at == 0 or line[at - 1] == self.delimiter:
+                self.open_at = line_no
+            i = at + 1
+
+
 def _check_header(
     header: list[str], columns: Mapping[str, str], fields: list[str], id_column: str, delimiter: str
 ) -> None:
     """IngestError naming the upload field to blame when a column read is missing from the header or in it twice."""
+    # The header is quoted in these messages, but never whole: a line of a million commas is a million cells.
     for field, column in columns.items():
         if column not in header:
             raise IngestError(
-                f"{field} column {column!r} not found; the {_DELIMITER_NAMES[delimiter]}-separated header has: "
-                + ", ".join(repr(h) for h in header),
+                f"{field} column {shown(column)} not found; the {_DELIMITER_NAMES[delimiter]}-separated header has: "
+                + shown_list(header),
                 field=column_field(field),
             )
     if id_column and id_column not in header:
         raise IngestError(
-            f"id column {id_column!r} not found; the header has: " + ", ".join(repr(h) for h in header),
+            f"id column {shown(id_column)} not found; the header has: " + shown_list(header),
             field="id_column",
         )
     # A column read under a name the header holds twice would be one of them, silently: refused instead.
     read = [(columns[field], column_field(field)) for field in fields] + [(id_column, "id_column")]
     for name, upload_field in read:
         if name and header.count(name) > 1:
-            places = ", ".join(str(at + 1) for at, h in enumerate(header) if h == name)
+            places = [at + 1 for at, h in enumerate(header) if h == name]
             raise IngestError(
-                f"the header has {header.count(name)} columns named {name!r} (columns {places}); "
+                f"the header has {len(places)} columns named {shown(name)} (columns {shown_list(places)}); "
                 "rename them so that each column read has a name of its own",
                 field=upload_field,
             )

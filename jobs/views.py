@@ -7,6 +7,7 @@ the same templates as the full page, so a page never shows two versions of the s
 
 from __future__ import annotations
 
+import math
 from datetime import datetime
 from urllib.parse import urlencode
 
@@ -21,12 +22,14 @@ from django.views.decorators.http import require_GET, require_POST
 
 from inference.registry import get_registry
 from jobs import export, lifecycle, quotas, scheduler
-from jobs.api.views import create_from_upload, visible_jobs
+from jobs.api.throttles import JobCreateThrottle, RetryThrottle, refusal, refused_wait_s
+from jobs.api.views import create_from_upload
 from jobs.display import NO_RATE_YET, ahead_texts, answer_html, duration_text, snippet_html, time_left_text
 from jobs.fairshare import band_rank
 from jobs.forms import UploadForm
 from jobs.ingest import IngestError
 from jobs.models import Job, RowStatus
+from jobs.permissions import Access, allows, reaches_others, visible_jobs
 
 JOBS_PER_PAGE = 25
 ROWS_PER_PAGE = 50
@@ -34,9 +37,9 @@ ROWS_PER_PAGE = 50
 REVIEW_URL = "/admin/jobs/jobrow/?job__id__exact={pk}&low_confidence__exact=1"
 
 
-def describe(job: Job, now: datetime | None = None) -> Job:
+def describe(job: Job, user, now: datetime | None = None) -> Job:
     """Add what the templates show beside the stored fields: bar widths, elapsed, where the job stands in
-    the offline backlog (while it waits or runs) and its time left, which buttons apply."""
+    the offline backlog (while it waits or runs) and its time left, which buttons and rows `user` may use."""
     now = now or timezone.now()
     total = job.total_rows or 0
     job.done_pct = 100.0 * job.done_rows / total if total else 0.0
@@ -57,8 +60,10 @@ def describe(job: Job, now: datetime | None = None) -> Job:
     job.columns_text = (
         ", ".join(f"{f}: {c}" for f, c in lifecycle.job_columns(job).items()) if job.input_columns else ""
     )
-    job.can_cancel = not job.is_terminal
-    job.can_retry = job.retryable
+    may_change = allows(user, job, Access.CHANGE)
+    job.can_cancel = may_change and not job.is_terminal
+    job.can_retry = may_change and job.retryable
+    job.can_see_rows = allows(user, job, Access.ROWS)
     return job
 
 
@@ -70,20 +75,27 @@ def _paged(items: QuerySet, request: HttpRequest, per_page: int) -> tuple[Page, 
 
 
 def _job_page(request: HttpRequest) -> tuple[Page, str]:
-    page, others = _paged(visible_jobs(request.user), request, JOBS_PER_PAGE)
+    page, others = _paged(visible_jobs(request.user).order_by("-created_at", "-pk"), request, JOBS_PER_PAGE)
     now = timezone.now()
     for job in page:
-        describe(job, now)
+        describe(job, request.user, now)
     return page, others
 
 
 @login_required
 def job_list(request: HttpRequest) -> HttpResponse:
-    """The upload form and the user's jobs (all jobs for staff), newest first, paged."""
+    """The upload form and the user's jobs (everyone's for staff allowed to view them), newest first, paged."""
+    # Counted before the body is read, as the API's throttle is: bad uploads count too.
+    wait_s = refused_wait_s(JobCreateThrottle, request) if request.method == "POST" else None
     form = UploadForm(request.POST or None, request.FILES or None)
     _offer_allowed_priorities(form, request.user)
     status = 200
-    if request.method == "POST" and form.is_valid():
+    if wait_s is not None:
+        form.is_valid()  # bound, so the page shows the fields as sent; its own errors would only distract
+        form.errors.clear()
+        form.add_error(None, refusal(JobCreateThrottle(), wait_s))
+        status = 429
+    elif request.method == "POST" and form.is_valid():
         try:
             job = create_from_upload(request.user, form.cleaned_data, form.cleaned_data["file"])
         except IngestError as error:
@@ -99,8 +111,18 @@ def job_list(request: HttpRequest) -> HttpResponse:
     page, others = _job_page(request)
     # Errors on fields (marked beside them), as opposed to a refusal of the whole upload (a quota).
     field_errors = any(name != "__all__" for name in form.errors) if form.is_bound else False
-    context = {"form": form, "page": page, "others": others, "live": _any_live(page), "field_errors": field_errors}
-    return render(request, "jobs/list.html", context, status=status)
+    context = {
+        "form": form,
+        "page": page,
+        "others": others,
+        "live": _any_live(page),
+        "field_errors": field_errors,
+        "sees_all": reaches_others(request.user, Access.VIEW),
+    }
+    response = render(request, "jobs/list.html", context, status=status)
+    if wait_s is not None:
+        response["Retry-After"] = str(math.ceil(wait_s))
+    return response
 
 
 def _offer_allowed_priorities(form: UploadForm, user) -> None:
@@ -146,12 +168,14 @@ ROW_FILTERS = [
 @require_GET
 def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """One job: summary card (refreshing while it runs), labels, and its rows a page at a time."""
-    job = describe(get_object_or_404(visible_jobs(request.user), pk=pk))
+    job = describe(get_object_or_404(visible_jobs(request.user), pk=pk), request.user)
     params = {k: v for k, v in request.GET.items() if k in ("status", "label", "low_confidence") and v}
-    rows, others = _paged(export.filtered_rows(job, params), request, ROWS_PER_PAGE)
+    # Without the rows permission (another user's job), the page is the summary card alone.
+    shown = export.filtered_rows(job, params) if job.can_see_rows else job.rows.none()
+    rows, others = _paged(shown, request, ROWS_PER_PAGE)
     for row in rows:  # answers and entities, read from the stored output (jobs/display.py)
         row.answer_shown, row.snippet = answer_html(row), snippet_html(row)
-    labels = label_summary(job)
+    labels = label_summary(job) if job.can_see_rows else []
     spec = get_registry().get(job.model)
     filters = [(name, urlencode(query), query == params) for name, query in ROW_FILTERS]
     context = {
@@ -174,7 +198,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
 @require_GET
 def job_summary(request: HttpRequest, pk: int) -> HttpResponse:
     """The job's summary card alone, for the detail page to refresh itself while the job runs."""
-    job = describe(get_object_or_404(visible_jobs(request.user), pk=pk))
+    job = describe(get_object_or_404(visible_jobs(request.user), pk=pk), request.user)
     return render(request, "jobs/_summary.html", {"job": job})
 
 
@@ -182,7 +206,7 @@ def job_summary(request: HttpRequest, pk: int) -> HttpResponse:
 @require_POST
 def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
     """The Cancel button: rows done so far are kept, the rest are not run (lifecycle.cancel, as the API)."""
-    job = get_object_or_404(visible_jobs(request.user), pk=pk)
+    job = get_object_or_404(visible_jobs(request.user, Access.CHANGE), pk=pk)
     if lifecycle.cancel(job):
         messages.success(request, f"Job {job.pk} cancelled: {job.done_rows} rows done are kept, the rest will not run.")
     else:
@@ -193,9 +217,12 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def job_retry(request: HttpRequest, pk: int) -> HttpResponse:
-    """The Retry-failed button: only the failed rows of an ended job run again (lifecycle.retry_failed, as the API)."""
-    job = get_object_or_404(visible_jobs(request.user), pk=pk)
-    if not job.is_terminal:
+    """The Retry-failed button: only the failed rows of an ended job run again (lifecycle.retry_failed, as the API),
+    within the same per-user rate as the API's retry."""
+    job = get_object_or_404(visible_jobs(request.user, Access.CHANGE), pk=pk)
+    if (wait_s := refused_wait_s(RetryThrottle, request)) is not None:
+        messages.error(request, f"Job {job.pk} was not retried: {refusal(RetryThrottle(), wait_s)}.")
+    elif not job.is_terminal:
         messages.error(request, f"Job {job.pk} is still {job.get_status_display()}; retry it once it has ended.")
     elif requeued := lifecycle.retry_failed(job):
         messages.success(request, f"Job {job.pk}: {requeued} failed rows queued again.")

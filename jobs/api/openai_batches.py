@@ -6,7 +6,9 @@ from OpenAI. The batch runs as a job (jobs/batches.py says how); these views onl
 jobs/files.py and jobs/batches.py, and answer errors in OpenAI's shape
 (`{"error": {"message", "type", "param", "code"}}`), which OpenAI's clients turn into typed exceptions.
 
-Everything is owner-only: another user's file or batch is a 404, as one that does not exist.
+Everything is owner-only: another user's file or batch is a 404, as one that does not exist, for staff
+too: these APIs are an account's own, as on OpenAI; staff allowed to see others' jobs reach a batch's job
+through /api/v1/jobs (jobs/permissions.py).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from rest_framework.views import APIView
 from inference.api.openai_compat import OpenAIError, openai_error
 from inference.validation import parse_json_body
 from jobs import batches, files
-from jobs.api.throttles import JobCreateThrottle
+from jobs.api.throttles import JobCreateThrottle, throttled
 from jobs.api.views import job_create_refusal
 from jobs.batches import id_like
 from jobs.callbacks import CallbackRefused, check_destination
@@ -77,6 +79,10 @@ class OpenAIView(APIView):
         # OpenAI's client asks for `application/binary` (file content) or `application/json`; these views
         # answer with Django responses of their own type, so DRF's renderers must not refuse the Accept (406).
         return super().perform_content_negotiation(request, force=True)
+
+    def throttled(self, request: Request, wait: float | None) -> None:
+        # The same message as the jobs API's (what, the rate, when), not DRF's "Request was throttled."
+        raise throttled(next(iter(self.get_throttles()), None), wait)
 
     def handle_exception(self, exc: Exception) -> Any:
         if isinstance(exc, OpenAIError):

@@ -8,6 +8,7 @@ from rest_framework.reverse import reverse
 
 from inference.registry import get_registry
 from jobs.callbacks import CallbackRefused, check_destination
+from jobs.ingest import shown
 from jobs.models import CallbackSecret, FileFormat, Job, JobRow, Priority
 from jobs.scheduler import Standing, standing_of
 
@@ -130,20 +131,24 @@ class JobCreateSerializer(serializers.Serializer):
         max_length=255,
         help_text="question-answering models: the column of contexts (passages the answer is taken from)",
     )
-    id_column = serializers.CharField(required=False, allow_blank=True, default="")
+    id_column = serializers.CharField(required=False, allow_blank=True, default="", max_length=255)
     encoding = serializers.CharField(
         default="utf-8",
         max_length=40,
         help_text="a character encoding, for example utf-8, latin-1, gbk; a UTF-8/16/32 byte-order mark is honoured",
     )
     delimiter = serializers.ChoiceField(
-        choices=["comma", "semicolon", "tab"], required=False, help_text="CSV: default: detected from the header"
+        choices=["comma", "semicolon", "tab"],
+        required=False,
+        help_text="CSV: default: detected from the header",
+        error_messages={"invalid_choice": "must be comma, semicolon or tab"},  # DRF's own would echo the value
     )
     file_format = serializers.ChoiceField(
         choices=["csv", "jsonl"],
         required=False,
         help_text="csv (a header line, columns by name) or jsonl (one JSON object per line, fields by key: "
         "`text_column` names the key); default: jsonl for a .jsonl or .ndjson file name, else csv",
+        error_messages={"invalid_choice": "must be csv or jsonl"},
     )
 
     priority = serializers.ChoiceField(
@@ -151,6 +156,7 @@ class JobCreateSerializer(serializers.Serializer):
         default=Priority.NORMAL,
         help_text="high, normal or low: higher bands are served first, and a lower band keeps a small share; "
         "at most your highest allowed priority (normal unless staff raised it)",
+        error_messages={"invalid_choice": "must be high, normal or low"},
     )
     callback_url = serializers.URLField(
         required=False,
@@ -178,7 +184,9 @@ class JobCreateSerializer(serializers.Serializer):
     def validate_model(self, value: str) -> str:
         registry = get_registry()
         if registry.get(value) is None:
-            raise serializers.ValidationError(f"unknown model {value!r}; served models: {', '.join(registry.names())}")
+            raise serializers.ValidationError(
+                f"unknown model {shown(value)}; served models: {', '.join(registry.names())}"
+            )
         return value
 
 

@@ -1,4 +1,5 @@
-"""Per-user rate limits on the jobs API: uploads and results, so one client cannot swamp the others.
+"""Per-user rate limits on the jobs API and pages: uploads, results, listing and retries, so one client
+cannot swamp the others. The pages (jobs/views.py) count against the same counters as the API.
 
 DRF's UserRateThrottle with the rate read from settings at request time (DRF binds its rates at
 import, which environment-driven settings and test overrides would miss). Counters live in Django's
@@ -9,8 +10,10 @@ request goes through: a throttle is a guard, and refusing all uploads because Re
 from __future__ import annotations
 
 import logging
+import math
 
 from django.conf import settings
+from rest_framework import exceptions
 from rest_framework.throttling import UserRateThrottle
 
 logger = logging.getLogger(__name__)
@@ -72,6 +75,21 @@ class _SettingsRateThrottle(UserRateThrottle):
         return getattr(self, "_wait_s", None)
 
 
+def refusal(throttle: _SettingsRateThrottle, wait_s: float | None) -> str:
+    """The 429's message, said once: what is limited, the rate, and when to try again."""
+    retry = f"; try again in {math.ceil(wait_s)} s" if wait_s is not None else ""
+    return f"too many {throttle.what}: at most {throttle.get_rate()} per user{retry}"
+
+
+def refused_wait_s(throttle_class: type[_SettingsRateThrottle], request) -> float | None:
+    """For views outside DRF (the pages): count this request; None if it may go on, else the seconds
+    until it may (at least 1). A DRF view lists its throttles instead (get_throttles)."""
+    throttle = throttle_class()
+    if throttle.allow_request(request, None):
+        return None
+    return throttle.wait() or 1.0
+
+
 class JobCreateThrottle(_SettingsRateThrottle):
     scope = "jobs_create"
     setting = "JOBS_CREATE_RATE"
@@ -84,3 +102,30 @@ class ResultsThrottle(_SettingsRateThrottle):
     setting = "JOBS_RESULTS_RATE"
     default_rate = "600/min"
     what = "results requests"
+
+
+class ListThrottle(_SettingsRateThrottle):
+    """Listing jobs: a page is at most 200 jobs, but each costs a look at where it stands in the backlog."""
+
+    scope = "jobs_list"
+    setting = "JOBS_LIST_RATE"
+    default_rate = "600/min"
+    what = "job list requests"
+
+
+class RetryThrottle(_SettingsRateThrottle):
+    """Retrying a job's failed rows puts them back in the fair share and ends the job again."""
+
+    scope = "jobs_retry"
+    setting = "JOBS_RETRY_RATE"
+    default_rate = "10/min"
+    what = "retries"
+
+
+def throttled(throttle: _SettingsRateThrottle | None, wait_s: float | None) -> exceptions.Throttled:
+    """DRF's 429 with our message and its Retry-After. The wait is set after construction: given to
+    Throttled(), DRF would append "Expected available in N seconds." to a message that says it already."""
+    detail = refusal(throttle, wait_s) if throttle else "too many requests; try again later"
+    error = exceptions.Throttled(detail=detail)
+    error.wait = math.ceil(wait_s) if wait_s is not None else None
+    return error

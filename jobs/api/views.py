@@ -3,8 +3,6 @@ cancel, retry."""
 
 from __future__ import annotations
 
-import math
-
 from django.conf import settings
 from django.db.models import QuerySet
 from django.http import StreamingHttpResponse
@@ -19,9 +17,10 @@ from rest_framework.response import Response
 from inference.registry import get_registry
 from jobs import export, lifecycle
 from jobs.api.serializers import JobCreateSerializer, JobSerializer, RowSerializer
-from jobs.api.throttles import JobCreateThrottle, ResultsThrottle
+from jobs.api.throttles import JobCreateThrottle, ListThrottle, ResultsThrottle, RetryThrottle, throttled
 from jobs.ingest import COLUMN_FIELDS, IngestError
 from jobs.models import FileFormat, Job, Priority
+from jobs.permissions import Access, visible_jobs
 from jobs.quotas import QuotaExceeded
 
 
@@ -43,6 +42,14 @@ class Conflict(exceptions.APIException):
     default_code = "conflict"
 
 
+class JobPages(PageNumberPagination):
+    """The job list a page at a time: unpaged, a user with thousands of jobs got megabytes per call."""
+
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 200
+
+
 class RowPages(PageNumberPagination):
     page_size_query_param = "page_size"
     max_page_size = 1000
@@ -61,12 +68,6 @@ def job_create_refusal(error: IngestError) -> exceptions.APIException:
     if error.status == 429:
         return exceptions.Throttled(detail=error.message)
     return exceptions.ValidationError({error.field: [error.message]})
-
-
-def visible_jobs(user) -> QuerySet[Job]:
-    """A user sees their own jobs; staff see all. Anything else is a 404, not a 403."""
-    jobs = Job.objects.select_related("owner", "batch")
-    return jobs if user.is_staff else jobs.filter(owner=user)
 
 
 def format_of(filename: str) -> str:
@@ -101,33 +102,44 @@ def create_from_upload(user, data: dict, upload) -> Job:
 
 
 class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Offline CSV jobs of the calling user (all jobs for staff)."""
+    """Offline CSV jobs of the calling user (and others' where the admin's permissions allow: jobs/permissions.py)."""
 
     serializer_class = JobSerializer
+    pagination_class = JobPages
     # For the schema generator only (it types the path's id from the model); requests use get_queryset().
     queryset = Job.objects.none()
     # Uploads are multipart; a JSON body gets 415. cancel and retry read no body.
     parser_classes = [MultiPartParser, FormParser]
 
-    def get_queryset(self):
-        return visible_jobs(self.request.user)
+    # What each action does to a job, for jobs/permissions.py: another user's job the caller may not
+    # reach this way is a 404.
+    ACCESS = {
+        "results": Access.ROWS,
+        "results_csv": Access.ROWS,
+        "results_jsonl": Access.ROWS,
+        "cancel": Access.CHANGE,
+        "retry": Access.CHANGE,
+    }
+
+    def get_queryset(self) -> QuerySet[Job]:
+        jobs = visible_jobs(self.request.user, self.ACCESS.get(self.action, Access.VIEW))
+        # A stable order, so that pages neither repeat nor skip a job created in the same instant.
+        return jobs.order_by("-created_at", "-pk")
 
     def get_throttles(self):
-        # Uploads and results cost the server work; listing and polling a job are cheap and stay free.
+        # Uploads, results, listing and retries cost the server work; polling one job is cheap and stays free.
         throttles = {
             "create": [JobCreateThrottle],
+            "list": [ListThrottle],
             "results": [ResultsThrottle],
             "results_csv": [ResultsThrottle],
             "results_jsonl": [ResultsThrottle],
+            "retry": [RetryThrottle],
         }
         return [throttle() for throttle in throttles.get(self.action, [])]
 
     def throttled(self, request: Request, wait: float | None) -> None:
-        throttle = next(iter(self.get_throttles()), None)
-        limit = f"at most {throttle.get_rate()} per user" if throttle else "a per-user limit"
-        retry = f"; try again in {math.ceil(wait)} s" if wait is not None else ""
-        what = throttle.what if throttle else "requests"
-        raise exceptions.Throttled(wait, detail=f"too many {what}: {limit}{retry}")
+        raise throttled(next(iter(self.get_throttles()), None), wait)
 
     @extend_schema(request={"multipart/form-data": JobCreateSerializer}, responses={202: JobSerializer})
     def create(self, request: Request, *args, **kwargs) -> Response:
@@ -185,6 +197,8 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
     )
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: str | None = None) -> Response:
+        """Run an ended job's failed rows again (JOBS_RETRY_RATE per user). The job ends again, and its
+        callback announces that end only if its outcome changed (jobs/callbacks.py, schedule)."""
         job = self.get_object()
         if not job.is_terminal:
             raise Conflict(f"job {job.pk} is still {job.status}; retry it once it has ended")
