@@ -21,7 +21,8 @@ proxy the proxy bounds these, but `make run` has none, so the server bounds them
   its own Redis and database connections always have descriptors), and at most
   WEB_MAX_CONNECTIONS_PER_ADDRESS from one client address (the trusted proxies excepted); a connection
   over either is answered at once (503 or 429, JSON, Retry-After) and closed, so it holds no
-  descriptor. A flood from one address then costs others nothing but accept() calls.
+  descriptor. A flood from one address then costs others nothing but accept() calls; at the process
+  limit a newcomer takes the place of an idle connection of the address holding the most.
 - forwarded addresses: X-Forwarded-For and X-Forwarded-Proto are taken only from FORWARDED_ALLOW_IPS
   (empty by default: no proxy, so nobody may say who the client is).
 
@@ -38,7 +39,6 @@ import json
 import os
 import resource
 import sys
-from collections import Counter
 from dataclasses import dataclass
 from functools import cache
 
@@ -125,8 +125,8 @@ class _HeaderLimitExceeded(Exception):
 class GuardedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the header time, size and count limits and connection limits."""
 
-    # Connections held by this process per client address (the protocol's instances share one process).
-    per_address: Counter[str] = Counter()
+    # Connections held by this process, per client address (the protocol's instances share one process).
+    by_address: dict[str, set[GuardedHttpProtocol]] = {}
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._limits = limits()
@@ -152,20 +152,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         super().connection_made(transport)
         self._address, self._counted = address, True
-        self.per_address[address] += 1
+        self.by_address.setdefault(address, set()).add(self)
         self._arm_header_timer()
 
     def _admission_refusal(self, address: str) -> bytes | None:
         lim = self._limits
-        if len(self.server_state.connections) >= lim.max_connections:
-            return canned(
-                503,
-                "Service Unavailable",
-                "too_many_connections",
-                f"this server process holds its limit of {lim.max_connections} connections; try again shortly",
-                retry_after_s=1,
-            )
-        if self.per_address[address] >= lim.max_connections_per_address and not lim.trusted(address):
+        mine = len(self.by_address.get(address, ()))
+        if mine >= lim.max_connections_per_address and not lim.trusted(address):
             return canned(
                 429,
                 "Too Many Requests",
@@ -174,16 +167,56 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 " reuse them (keep-alive) or close some",
                 retry_after_s=1,
             )
+        if len(self.server_state.connections) >= lim.max_connections and not self._make_room(mine):
+            return canned(
+                503,
+                "Service Unavailable",
+                "too_many_connections",
+                f"this server process holds its limit of {lim.max_connections} connections; try again shortly",
+                retry_after_s=1,
+            )
         return None
+
+    def _make_room(self, mine: int) -> bool:
+        """At the process limit, close an idle connection (waiting for a request's headers) of the address
+        that holds the most, if that is more than the newcomer's address holds: a flood from many
+        addresses then costs a client with few connections nothing, and the flood itself its oldest."""
+        top = max(self.by_address, key=lambda address: len(self.by_address[address]), default=None)
+        if top is None or len(self.by_address[top]) <= mine + 1:
+            return False
+        idle = next((conn for conn in self.by_address[top] if conn._idle()), None)
+        if idle is None:
+            return False
+        idle._refuse(
+            canned(
+                503,
+                "Service Unavailable",
+                "too_many_connections",
+                "this server process is at its connection limit and closed an idle connection of the address"
+                " holding the most",
+                retry_after_s=1,
+            )
+        )
+        idle._forget()  # its slot is the newcomer's now; connection_lost comes later
+        return True
+
+    def _idle(self) -> bool:
+        return self._reading_headers and (self.cycle is None or self.cycle.response_complete)
+
+    def _forget(self) -> None:
+        if self._counted:
+            self._counted = False
+            held = self.by_address.get(self._address)
+            if held is not None:
+                held.discard(self)
+                if not held:
+                    del self.by_address[self._address]
+        self.connections.discard(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         self._cancel_body_timer()
-        if self._counted:
-            self._counted = False
-            self.per_address[self._address] -= 1
-            if self.per_address[self._address] <= 0:
-                del self.per_address[self._address]
+        self._forget()
         super().connection_lost(exc)
 
     # --- header time -----------------------------------------------------------------------

@@ -276,17 +276,31 @@ def test_one_address_holds_at_most_its_share_of_connections_and_others_are_serve
             sock.close()
 
 
-def test_a_process_holds_at_most_its_connection_limit_then_frees_them(crowded):
+def test_at_the_process_limit_a_newcomer_takes_an_idle_slot_of_the_biggest_holder(crowded):
+    """Many addresses fill the process: a client with no connection is still served, at the cost of an
+    idle connection of the address holding the most; the process never holds more than its limit."""
     held: list[socket.socket] = []
-    refusals: list[bytes] = []
     try:
-        for source in ("127.0.0.3", "127.0.0.4", "127.0.0.5"):
-            more, refused = _open(crowded, source, PER_ADDRESS)
+        for source, n in (("127.0.0.3", PER_ADDRESS), ("127.0.0.4", PER_ADDRESS), ("127.0.0.5", 10)):
+            more, refused = _open(crowded, source, n)
+            assert not refused, refused[:1]
             held += more
-            refusals += refused
-        assert len(held) <= PER_PROCESS
-        assert refusals and all(r.startswith(b"HTTP/1.1 503") for r in refusals), refusals[:1]
-        assert b"too_many_connections" in refusals[0]
+        assert len(held) == PER_PROCESS
+        assert _health_ok(crowded, "127.0.0.6"), "a newcomer was refused while idle connections held the process"
+        evicted: set[socket.socket] = set()
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            evicted.update(select.select(held, [], [], 0.1)[0])
+        evicted = list(evicted)
+        assert len(evicted) == 1, len(evicted)
+        answer = evicted[0].recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503") and b"too_many_connections" in answer, answer[:200]
+        assert evicted[0].getsockname()[0] in ("127.0.0.3", "127.0.0.4"), "the evicted one was not the biggest holder's"
+        # The biggest holders cannot take a slot from the others: their newcomers are refused.
+        _, refused = _open(crowded, "127.0.0.5", 1)
+        assert not refused  # 10 held, fewer than the top: it may take an idle slot of the top holder
+        _, refused = _open(crowded, "127.0.0.3", 1)
+        assert refused and refused[0].startswith((b"HTTP/1.1 503", b"HTTP/1.1 429")), refused
     finally:
         for sock in held:
             sock.close()
