@@ -18,7 +18,7 @@ from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from inference.registry import get_registry
 from jobs import export, lifecycle, quotas, scheduler
@@ -134,7 +134,7 @@ def _offer_allowed_priorities(form: UploadForm, user) -> None:
 
 
 @login_required
-@require_GET
+@require_safe  # GET, and HEAD for monitors
 def job_list_rows(request: HttpRequest) -> HttpResponse:
     """The job table's rows alone, for the list page to refresh itself."""
     page, others = _job_page(request)
@@ -165,7 +165,7 @@ ROW_FILTERS = [
 
 
 @login_required
-@require_GET
+@require_safe  # GET, and HEAD for monitors
 def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     """One job: summary card (refreshing while it runs), labels, and its rows a page at a time."""
     job = describe(get_object_or_404(visible_jobs(request.user), pk=pk), request.user)
@@ -195,7 +195,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @login_required
-@require_GET
+@require_safe  # GET, and HEAD for monitors
 def job_summary(request: HttpRequest, pk: int) -> HttpResponse:
     """The job's summary card alone, for the detail page to refresh itself while the job runs."""
     job = describe(get_object_or_404(visible_jobs(request.user), pk=pk), request.user)

@@ -47,9 +47,10 @@ def _errors_for(method: str, operation: dict[str, Any]) -> dict[str, dict[str, A
         errors["401"] = _error("no credentials, or a bad token")
         if method in _UNSAFE:
             errors["403"] = _error("a session caller's request without its CSRF token")
-    if any(p.get("in") == "path" for p in parameters):
+    paged = any(p.get("in") == "query" and p.get("name") == "page" for p in parameters)
+    if paged or any(p.get("in") == "path" for p in parameters):
         errors["404"] = {
-            "description": "no such object, or not yours",
+            "description": "no such object, or not yours" + ("; or a page past the last" if paged else ""),
             "content": {"application/json": {"schema": {"$ref": "#/components/schemas/NotFound"}}},
         }
     if "requestBody" in operation:
