@@ -16,4 +16,5 @@ class JobsConfig(AppConfig):
         registry.register_gauges(monitoring.gauges)
         registry.register_rule(monitoring.offline_stalled)
         registry.register_dashboard(monitoring.dashboard_section)
+        registry.register_dashboard_filter(monitoring.dashboard_for)
         registry.register_metric_families(monitoring.metric_families)

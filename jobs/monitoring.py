@@ -173,3 +173,17 @@ def dashboard_section(client, now: float) -> dict[str, Any]:
         )
     # The rates end at the last complete second, as the dashboard's own (the current one is still filling).
     return {"jobs": jobs, "offline_users": offline_users(client, now - 1)}
+
+
+def dashboard_for(data: dict[str, Any], user) -> dict[str, Any]:
+    """Staff without the admin's permission to view jobs see their own jobs only on the dashboard (the
+    same rule as every jobs path: jobs/permissions.py); the totals stay."""
+    from jobs.permissions import Access, reaches_others
+
+    if reaches_others(user, Access.VIEW):
+        return data
+    hidden = sum(1 for job in data.get("jobs", []) if job["owner"] != user.username)
+    data["jobs"] = [job for job in data.get("jobs", []) if job["owner"] == user.username]
+    data["offline_users"] = [row for row in data.get("offline_users", []) if row["user"] == user.username]
+    data["jobs_hidden"] = hidden
+    return data

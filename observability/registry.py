@@ -21,12 +21,14 @@ GaugeSource = Callable[[Any], dict[str, float]]
 SnapshotSource = Callable[[Any, Any, list[dict[str, float]], float], None]
 Rule = Callable[[Any], Any]
 DashboardSection = Callable[[Any, float], dict[str, Any]]
+DashboardFilter = Callable[[dict[str, Any], Any], dict[str, Any]]
 MetricFamilies = Callable[[Mapping[str, float], Mapping[str, float]], Iterable[Any]]
 
 _gauges: list[GaugeSource] = []
 _snapshot_sources: list[SnapshotSource] = []
 _rules: list[Rule] = []
 _dashboard_sections: list[DashboardSection] = []
+_dashboard_filters: list[DashboardFilter] = []
 _metric_families: list[MetricFamilies] = []
 _housekeeping: list[tuple[Callable[[], object], float]] = []
 
@@ -54,6 +56,12 @@ def register_dashboard(fn: DashboardSection) -> None:
     _add(_dashboard_sections, fn)
 
 
+def register_dashboard_filter(fn: DashboardFilter) -> None:
+    """`fn(data, user)` returns the dashboard's data as this viewer may see it (an app hides its tenants'
+    details from staff without its permissions)."""
+    _add(_dashboard_filters, fn)
+
+
 def register_metric_families(fn: MetricFamilies) -> None:
     _add(_metric_families, fn)
 
@@ -76,6 +84,10 @@ def rules() -> list[Rule]:
 
 def dashboard_sections() -> list[DashboardSection]:
     return list(_dashboard_sections)
+
+
+def dashboard_filters() -> list[DashboardFilter]:
+    return list(_dashboard_filters)
 
 
 def metric_families() -> list[MetricFamilies]:
