@@ -56,6 +56,9 @@ RESERVED_FDS = 512
 class Limits:
     header_timeout_s: float
     body_idle_timeout_s: float
+    min_body_bytes_per_s: float
+    write_timeout_s: float
+    max_pipelined: int
     max_header_bytes: int
     max_headers: int
     max_connections: int
@@ -99,6 +102,9 @@ def limits() -> Limits:
     return Limits(
         header_timeout_s=settings.WEB_HEADER_TIMEOUT_S,
         body_idle_timeout_s=settings.WEB_BODY_IDLE_TIMEOUT_S,
+        min_body_bytes_per_s=max(settings.WEB_MIN_BODY_BYTES_PER_S, 1.0),
+        write_timeout_s=settings.WEB_WRITE_TIMEOUT_S,
+        max_pipelined=settings.WEB_MAX_PIPELINED,
         max_header_bytes=settings.WEB_MAX_HEADER_BYTES,
         max_headers=settings.WEB_MAX_HEADERS,
         max_connections=connection_limit(settings.WEB_MAX_CONNECTIONS, descriptor_limit()),
@@ -122,43 +128,56 @@ class _HeaderLimitExceeded(Exception):
     """Raised from a parser callback: httptools stops parsing and data_received answers 431."""
 
 
-class GuardedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the header time, size and count limits and connection limits."""
+# What a connection is doing, for the clocks and for choosing one to close at the process limit.
+HEADERS, BODY, DONE = "headers", "body", "done"
 
-    # Connections held by this process, per client address (the protocol's instances share one process).
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with time, size and connection limits (module docstring).
+
+    The clocks are not a timer per request: one sweep per process and second looks at every
+    connection's deadlines (a request costs a few attribute writes, not a timer armed and cancelled).
+    """
+
+    # Connections held by this process, per client address (IPv6: per /64, what one host is given).
     by_address: dict[str, set[GuardedHttpProtocol]] = {}
+    _sweeping: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._limits = limits()
         self._address = ""
         self._counted = False
-        self._header_timer: asyncio.TimerHandle | None = None
-        self._body_timer: asyncio.TimerHandle | None = None
-        self._body_seen_at = 0.0
-        self._reading_headers = True
+        self._phase = HEADERS
+        self._header_deadline: float | None = None
         self._header_bytes = 0
-        self._parsed_header_bytes = 0
+        self._framing_bytes = 0
+        self._body_in_read = 0
+        self._body_started_at = self._body_seen_at = 0.0
+        self._body_bytes = 0
+        self._write_blocked_since: float | None = None
+        self._running: object | None = None
         self._refusal: bytes | None = None
         peer = transport.get_extra_info("peername")
-        address = peer[0] if isinstance(peer, tuple | list) and peer else ""
-        refusal = self._admission_refusal(address)
+        peer_address = peer[0] if isinstance(peer, tuple | list) and peer else ""
+        address = holder(peer_address)
+        refusal = self._admission_refusal(address, trusted=self._limits.trusted(peer_address))
+        super().connection_made(transport)
         if refusal is not None:
             # Answered and closed at once: the descriptor is freed as soon as the answer is written.
-            # connection_lost still runs, so the base's state must exist.
-            super().connection_made(transport)
             self.connections.discard(self)
             transport.write(refusal)
             transport.close()
             return
-        super().connection_made(transport)
         self._address, self._counted = address, True
         self.by_address.setdefault(address, set()).add(self)
-        self._arm_header_timer()
+        self._header_deadline = self.loop.time() + self._limits.header_timeout_s
+        self._start_sweeping()
 
-    def _admission_refusal(self, address: str) -> bytes | None:
+    # --- connections per address and per process ----------------------------------------------
+    def _admission_refusal(self, address: str, trusted: bool) -> bytes | None:
         lim = self._limits
         mine = len(self.by_address.get(address, ()))
-        if mine >= lim.max_connections_per_address and not lim.trusted(address):
+        if mine >= lim.max_connections_per_address and not trusted:
             return canned(
                 429,
                 "Too Many Requests",
@@ -178,30 +197,39 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         return None
 
     def _make_room(self, mine: int) -> bool:
-        """At the process limit, close an idle connection (waiting for a request's headers) of the address
-        that holds the most, if that is more than the newcomer's address holds: a flood from many
-        addresses then costs a client with few connections nothing, and the flood itself its oldest."""
+        """At the process limit, close a connection that is not being served (waiting for headers,
+        sending a body, or not reading its answer) of the address that holds the most, if that is more
+        than the newcomer's address holds: a flood from many addresses then costs a client with few
+        connections nothing, and the flood itself its own connections."""
         top = max(self.by_address, key=lambda address: len(self.by_address[address]), default=None)
         if top is None or len(self.by_address[top]) <= mine + 1:
             return False
-        idle = next((conn for conn in self.by_address[top] if conn._idle()), None)
-        if idle is None:
+        spare = next((conn for conn in self.by_address[top] if conn._spare()), None)
+        if spare is None:
             return False
-        idle._refuse(
-            canned(
-                503,
-                "Service Unavailable",
-                "too_many_connections",
-                "this server process is at its connection limit and closed an idle connection of the address"
-                " holding the most",
-                retry_after_s=1,
+        if spare._phase == HEADERS and not spare._in_flight():
+            spare._refuse(
+                canned(
+                    503,
+                    "Service Unavailable",
+                    "too_many_connections",
+                    "this server process is at its connection limit and closed a waiting connection of the"
+                    " address holding the most",
+                    retry_after_s=1,
+                )
             )
-        )
-        idle._forget()  # its slot is the newcomer's now; connection_lost comes later
+        else:
+            spare.transport.close()  # mid-request: no answer can be written in between
+        spare._forget()  # its slot is the newcomer's now; connection_lost comes later
         return True
 
-    def _idle(self) -> bool:
-        return self._reading_headers and (self.cycle is None or self.cycle.response_complete)
+    def _in_flight(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def _spare(self) -> bool:
+        """Not being served: waiting for a request's headers, sending its body, or not reading its answer."""
+        waiting = self._phase == HEADERS and not self._in_flight()
+        return waiting or self._phase == BODY or self._write_blocked_since is not None
 
     def _forget(self) -> None:
         if self._counted:
@@ -214,74 +242,88 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.connections.discard(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_header_timer()
-        self._cancel_body_timer()
         self._forget()
+        # uvicorn marks only the last parsed request as disconnected; the one being served (pipelining)
+        # and those queued behind it must hear it too, or they wait on a send that cannot finish.
+        for cycle in [self._running, *(cycle for cycle, _ in self.pipeline)]:
+            if cycle is not None and not cycle.response_complete:
+                cycle.disconnected = True
+                cycle.message_event.set()
         super().connection_lost(exc)
 
-    # --- header time -----------------------------------------------------------------------
-    def _arm_header_timer(self) -> None:
-        if self._header_timer is None and self._limits.header_timeout_s > 0:
-            self._header_timer = self.loop.call_later(self._limits.header_timeout_s, self._header_timeout)
+    # --- the clocks ---------------------------------------------------------------------------
+    @classmethod
+    def _start_sweeping(cls) -> None:
+        if cls._sweeping is None:
+            cls._sweeping = asyncio.get_event_loop().call_later(1.0, cls._sweep)
 
-    def _cancel_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+    @classmethod
+    def _sweep(cls) -> None:
+        cls._sweeping = None
+        now = asyncio.get_event_loop().time()
+        for held in list(cls.by_address.values()):
+            for conn in list(held):
+                conn._check(now)
+        if cls.by_address:
+            cls._start_sweeping()
 
-    def _header_timeout(self) -> None:
-        self._header_timer = None
-        if self._reading_headers and not self.transport.is_closing():
+    def _check(self, now: float) -> None:
+        lim = self._limits
+        if self._write_blocked_since is not None and now - self._write_blocked_since > lim.write_timeout_s:
+            # Closing or not: close() waits for the unread answer to drain, which it never will.
+            self.logger.info("closing a connection that has not read its answer for %.0f s", lim.write_timeout_s)
+            self._write_blocked_since = None
+            self.transport.abort()
+            return
+        if self.transport.is_closing():
+            return
+        if self._phase == HEADERS and self._header_deadline is not None and now > self._header_deadline:
             self._refuse(
                 canned(
                     408,
                     "Request Timeout",
                     "header_timeout",
-                    f"the request line and headers did not arrive within {self._limits.header_timeout_s:g} s",
+                    f"the request line and headers did not arrive within {lim.header_timeout_s:g} s",
                 )
             )
+        elif (
+            self._phase == BODY
+            and lim.body_idle_timeout_s > 0
+            and (
+                now - self._body_seen_at > lim.body_idle_timeout_s
+                # A body must also keep a minimum rate on average (as Apache's mod_reqtimeout MinRate): one
+                # byte every 20 s never goes idle, yet would hold the connection for ever.
+                or now > self._body_started_at + lim.body_idle_timeout_s + self._body_bytes / lim.min_body_bytes_per_s
+            )
+        ):
+            self.logger.info("closing a connection whose request body stopped or crawls (%d bytes)", self._body_bytes)
+            self.transport.close()  # the view's receive() gets http.disconnect
 
-    # --- body time -------------------------------------------------------------------------
-    # One timer per request body, not one per chunk: it re-arms itself for the time left since the
-    # last chunk arrived.
-    def _arm_body_timer(self, delay_s: float) -> None:
-        self._body_timer = self.loop.call_later(delay_s, self._body_idle)
+    def pause_writing(self) -> None:
+        self._write_blocked_since = self.loop.time()
+        super().pause_writing()
 
-    def _cancel_body_timer(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+    def resume_writing(self) -> None:
+        self._write_blocked_since = None
+        super().resume_writing()
 
-    def _body_idle(self) -> None:
-        self._body_timer = None
-        if self.transport.is_closing():
-            return
-        idle_s = self.loop.time() - self._body_seen_at
-        if idle_s < self._limits.body_idle_timeout_s:
-            self._arm_body_timer(self._limits.body_idle_timeout_s - idle_s)
-            return
-        self.logger.info("closing a connection whose request body stopped for %.0f s", idle_s)
-        self.transport.close()  # the view's receive() gets http.disconnect
-
-    def on_body(self, body: bytes) -> None:
-        self._body_seen_at = self.loop.time()
-        super().on_body(body)
-
-    # --- header size and count -------------------------------------------------------------
+    # --- reading: header size and count, framing after the headers, pipelining ----------------
     def data_received(self, data: bytes) -> None:
-        if self._reading_headers:
+        in_headers = self._phase == HEADERS
+        if in_headers:
             self._header_bytes += len(data)
-            # Bytes that never start a request (blank lines between kept-alive requests) cancel
-            # uvicorn's keep-alive timer below; this clock keeps running for them.
-            self._arm_header_timer()
+            if self._header_deadline is None and not self._in_flight():
+                # Bytes that start (or never start) the next request on a kept-alive connection cancel
+                # uvicorn's keep-alive timer below; the header clock runs for them. Not while an answer
+                # is still being sent: a 408 must not land in the middle of it.
+                self._header_deadline = self.loop.time() + self._limits.header_timeout_s
+        self._body_in_read = 0
         self._unset_keepalive_if_required()
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+            # No WebSocket here (_should_upgrade_to_ws): the request is served as plain HTTP.
+            self._unsupported_upgrade_warning()
             return
         except httptools.HttpParserError:
             if self._refusal is not None:  # a limit raised from a parser callback
@@ -291,10 +333,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.logger.warning(msg)
             self.send_400_response(msg)
             return
-        # Still in the headers after this read: what arrived so far is all header (a read that also
-        # finished the headers may carry body bytes, and those are not counted).
-        if self._reading_headers and self._header_bytes > self._limits.max_header_bytes:
+        if self._phase == HEADERS and self._header_bytes > self._limits.max_header_bytes:
+            # Still in the headers after this read: what arrived so far is all header.
             self._refuse(self._too_large())
+        elif not in_headers and self._phase != HEADERS and self._body_in_read == 0:
+            # After the headers, bytes that carry no body (chunk framing, trailers): httptools keeps an
+            # unfinished trailer in memory, so these are bounded as headers are. Body bytes reset it.
+            self._framing_bytes += len(data)
+            if self._framing_bytes > self._limits.max_header_bytes:
+                self.logger.info("closing a connection sending %d bytes of framing and no body", self._framing_bytes)
+                self.transport.close()
 
     def _too_large(self) -> bytes:
         return canned(
@@ -305,55 +353,77 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         )
 
     def _refuse(self, answer: bytes) -> None:
-        self._reading_headers = False
-        self._cancel_header_timer()
+        self._phase, self._header_deadline = DONE, None
         if not self.transport.is_closing():
-            self.transport.write(answer)
+            if answer:
+                self.transport.write(answer)
             self.transport.close()
-
-    def _count(self, n_bytes: int) -> None:
-        # The parser hands a header over only when it is whole, so a long one that arrived in one read
-        # is caught here, before the request starts.
-        self._parsed_header_bytes += n_bytes
-        if self._parsed_header_bytes > self._limits.max_header_bytes:
-            self._refusal = self._too_large()
-            raise _HeaderLimitExceeded
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._reading_headers = True
-        self._parsed_header_bytes = 0
-        self._arm_header_timer()  # on a kept-alive connection the clock starts at the request's first byte
+        self._phase, self._framing_bytes = HEADERS, 0
+        if self._header_deadline is None and not self._in_flight():
+            self._header_deadline = self.loop.time() + self._limits.header_timeout_s
 
-    def on_url(self, url: bytes) -> None:
-        self._count(len(url))
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)
-        if len(self.headers) >= self._limits.max_headers:
+    def on_headers_complete(self) -> None:
+        lim = self._limits
+        if len(self.headers) > lim.max_headers:
             self._refusal = canned(
                 431,
                 "Request Header Fields Too Large",
                 "too_many_headers",
-                f"the request has more than {self._limits.max_headers} header fields, the limit",
+                f"the request has more than {lim.max_headers} header fields, the limit",
             )
             raise _HeaderLimitExceeded
-        super().on_header(name, value)
-
-    def on_headers_complete(self) -> None:
-        self._reading_headers = False
-        self._cancel_header_timer()
+        # Headers that arrived in one read were not counted as partial ones are: count them whole.
+        if len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers) > lim.max_header_bytes:
+            self._refusal = self._too_large()
+            raise _HeaderLimitExceeded
+        if len(self.pipeline) >= lim.max_pipelined:
+            # Requests sent ahead without waiting for answers are parsed from what was already read
+            # even while reading is paused; past a few, the client is flooding, not pipelining.
+            self.logger.info("closing a connection with more than %d pipelined requests", lim.max_pipelined)
+            self._refusal = b""
+            raise _HeaderLimitExceeded
+        self._phase, self._header_deadline, self._header_bytes = BODY, None, 0
+        self._body_started_at = self._body_seen_at = self.loop.time()
+        self._body_bytes = 0
         super().on_headers_complete()
-        if self._limits.body_idle_timeout_s > 0 and self._body_timer is None:
-            self._body_seen_at = self.loop.time()
-            self._arm_body_timer(self._limits.body_idle_timeout_s)
+
+    def _should_upgrade_to_ws(self) -> bool:
+        # The app has no WebSocket routes; handing the connection to uvicorn's WebSocket protocol left it
+        # counted against its address for ever (that protocol never reaches our connection_lost).
+        return False
+
+    def _start_asgi_task(self, cycle, app) -> None:  # type: ignore[no-untyped-def]
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
+
+    def on_body(self, body: bytes) -> None:
+        self._body_in_read += len(body)
+        self._body_bytes += len(body)
+        self._body_seen_at = self.loop.time()
+        self._framing_bytes = 0
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
-        self._cancel_body_timer()
         super().on_message_complete()
         # What arrives next belongs to the next request's headers (counted from here).
-        self._reading_headers, self._header_bytes = True, 0
+        self._phase, self._header_bytes = HEADERS, 0
+
+
+def holder(address: str) -> str:
+    """Who holds a connection, for the per-address limit: the address, or its /64 for IPv6 (one host
+    is commonly given a whole /64, so counting single addresses would give it millions of limits)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if ip.version == 4:
+        return address
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.ip_network(f"{address}/64", strict=False))
 
 
 def raise_descriptor_limit() -> None:

@@ -265,6 +265,12 @@ AUTH_ACCOUNT_FAILURE_WINDOW_S = env.int("AUTH_ACCOUNT_FAILURE_WINDOW_S", default
 WEB_HEADER_TIMEOUT_S = env.float("WEB_HEADER_TIMEOUT_S", default=10.0)
 # WEB_BODY_IDLE_TIMEOUT_S: a request body that stops arriving for this long is given up (connection closed).
 WEB_BODY_IDLE_TIMEOUT_S = env.float("WEB_BODY_IDLE_TIMEOUT_S", default=30.0)
+# WEB_MIN_BODY_BYTES_PER_S: past WEB_BODY_IDLE_TIMEOUT_S, a body must average at least this rate.
+WEB_MIN_BODY_BYTES_PER_S = env.float("WEB_MIN_BODY_BYTES_PER_S", default=500.0)
+# WEB_WRITE_TIMEOUT_S: a client that reads nothing of its answer for this long is disconnected.
+WEB_WRITE_TIMEOUT_S = env.float("WEB_WRITE_TIMEOUT_S", default=60.0)
+# WEB_MAX_PIPELINED: requests a client may send ahead of their answers on one connection; more: closed.
+WEB_MAX_PIPELINED = env.int("WEB_MAX_PIPELINED", default=8)
 # WEB_MAX_HEADER_BYTES / WEB_MAX_HEADERS: larger request line and headers, or more fields, get 431.
 WEB_MAX_HEADER_BYTES = env.int("WEB_MAX_HEADER_BYTES", default=32 * 1024)
 WEB_MAX_HEADERS = env.int("WEB_MAX_HEADERS", default=100)

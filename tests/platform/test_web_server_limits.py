@@ -16,6 +16,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -27,6 +28,8 @@ pytestmark = pytest.mark.integration
 
 HEADER_TIMEOUT_S = 1.0
 BODY_IDLE_TIMEOUT_S = 2.0
+WRITE_TIMEOUT_S = 2.0
+BIG_STATIC = "/static/drf_spectacular_sidecar/swagger-ui-dist/swagger-ui-bundle.js"  # about 1.5 MB
 PER_ADDRESS = 20
 PER_PROCESS = 50
 AUTH_FAILURES = 3
@@ -64,6 +67,7 @@ def strict(stack, tmp_path) -> Iterator[str]:
         "strict",
         WEB_HEADER_TIMEOUT_S=str(HEADER_TIMEOUT_S),
         WEB_BODY_IDLE_TIMEOUT_S=str(BODY_IDLE_TIMEOUT_S),
+        WEB_WRITE_TIMEOUT_S=str(WRITE_TIMEOUT_S),
     )
     try:
         yield url
@@ -194,6 +198,113 @@ def test_a_body_that_keeps_arriving_slowly_is_not_cut(strict):
         time.sleep(BODY_IDLE_TIMEOUT_S * 0.6)
     answer = _read_until_closed(sock, timeout_s=15)
     assert answer.startswith(b"HTTP/1.1 401"), answer[:200]  # read whole, then refused: no credentials
+
+
+def test_a_body_trickled_a_byte_at_a_time_is_cut_by_the_minimum_rate(strict):
+    """One byte a second never leaves the body idle for BODY_IDLE_TIMEOUT_S, yet must not hold the
+    connection for ever: past the idle timeout a body must average WEB_MIN_BODY_BYTES_PER_S (500)."""
+    sock = _connect(strict)
+    head = "POST /api/v1/models/router/predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    sock.sendall(f"{head}Content-Length: 100000\r\n\r\n".encode())
+    started = time.monotonic()
+    closed = False
+    while not closed and time.monotonic() - started < BODY_IDLE_TIMEOUT_S + 15:
+        try:
+            sock.sendall(b"a")
+            time.sleep(0.5)  # the attacker's pace: well within the idle timeout
+        except OSError:
+            closed = True
+    assert closed, "a body trickled at 2 bytes a second held its connection"
+    assert time.monotonic() - started < BODY_IDLE_TIMEOUT_S + 6
+
+
+def test_an_unfinished_trailer_is_bounded_as_headers_are(strict):
+    """After a chunked body's last chunk, a trailer that never ends was kept in memory without limit."""
+    sock = _connect(strict)
+    head = "POST /api/v1/models/router/predict HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+    sock.sendall(f"{head}Content-Type: application/json\r\n\r\n".encode() + b"1\r\na\r\n0\r\nX-Trailer: ")
+    sent = 0
+    try:
+        while sent < 64 * 1024 * 1024:
+            sock.sendall(b"a" * 65536)
+            sent += 65536
+    except OSError:
+        pass
+    assert sent < 16 * 1024 * 1024, f"the server read {sent} bytes of one trailer"
+
+
+def test_a_pipelined_flood_is_cut_after_a_few_requests(strict):
+    """Requests sent ahead without reading the answers: a few are served, a flood closes the connection."""
+    sock = _connect(strict)
+    request = b"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    try:
+        sock.sendall(request * 2000)
+    except OSError:
+        pass
+    answers = _read_until_closed(sock, timeout_s=15)  # closed: this returns
+    assert answers.count(b"HTTP/1.1 200") <= 16
+
+
+def test_a_few_pipelined_requests_are_all_answered(strict):
+    sock = _connect(strict)
+    request = b"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    sock.sendall(request * 4 + b"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    assert _read_until_closed(sock, timeout_s=15).count(b"HTTP/1.1 200") == 5
+
+
+def _server_side_open(sock: socket.socket) -> bool:
+    """Whether the server process still holds its end of this connection: /proc/net/tcp by the ports,
+    with an inode (a socket the process closed may linger in the kernel, orphaned, with inode 0)."""
+    local_port = sock.getsockname()[1]
+    server_port = sock.getpeername()[1]
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, inode = fields[1], fields[2], fields[9]
+        if int(local.split(":")[1], 16) == server_port and int(remote.split(":")[1], 16) == local_port:
+            return inode != "0"
+    return False
+
+
+def test_a_client_that_never_reads_its_answer_is_disconnected(strict):
+    """Answers larger than the kernel's buffers, to a client that reads nothing (a tiny receive window):
+    the server's send waited for ever, and the connection was held with them."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    sock.connect(("127.0.0.1", _port(strict)))
+    sock.sendall(f"GET {BIG_STATIC} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode() * 6)  # about 9 MB of answers
+    wait_until(lambda: not _server_side_open(sock), WRITE_TIMEOUT_S + 10, "the server to give up the unread answer")
+
+
+def test_a_stray_byte_while_an_answer_is_sent_does_not_turn_it_into_a_408(strict):
+    """Bytes after a request, while its answer is still being written (here: read slowly), must not start
+    the header clock: a 408 used to land after (or in) the answer."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    sock.connect(("127.0.0.1", _port(strict)))
+    sock.sendall(f"GET {BIG_STATIC} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+    sock.sendall(b"\r\n")
+    time.sleep(HEADER_TIMEOUT_S * 2.5)  # longer than the header timeout (plus its sweep), shorter than the write one
+    answer = _read_until_closed(sock, timeout_s=30)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head[:200]
+    length = int(
+        next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length"))
+    )
+    assert len(body) == length and b"HTTP/1.1 408" not in body[-300:]
+
+
+def test_a_websocket_upgrade_does_not_keep_its_connection_slot(crowded):
+    """An upgrade used to hand the connection to uvicorn's WebSocket protocol, which never gave back its
+    slot: PER_ADDRESS upgrades locked the address out until a restart."""
+    for _ in range(PER_ADDRESS + 5):
+        sock = _connect(crowded, "127.0.0.9")
+        sock.sendall(
+            b"GET /api/v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+            b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nConnection: close\r\n\r\n"
+        )
+        _read_until_closed(sock, timeout_s=10)
+        sock.close()
+    wait_until(lambda: _health_ok(crowded, "127.0.0.9"), 10, "the address to be served again")
 
 
 def test_a_header_over_the_size_limit_gets_431_before_the_rest_is_read(stack):
