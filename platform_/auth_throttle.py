@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import unicodedata
 from collections.abc import Callable
 from typing import Any
 
@@ -51,8 +52,11 @@ def key(client_ip: str) -> str:
 
 
 def account_key(username: str) -> str:
-    # Hashed: the key holds no user-supplied text, and case variants of one name count together.
-    return f"{KEY_PREFIX}account:{hashlib.sha256(username.strip().lower().encode()).hexdigest()[:32]}"
+    # Normalised as Django's login form normalises a username (NFKC: a full-width or mathematical "ａ"
+    # signs in as "a"), then case-folded, so no variant of a name gets a bucket of its own; hashed, so
+    # the key holds no user-supplied text.
+    name = unicodedata.normalize("NFKC", username).strip().casefold()
+    return f"{KEY_PREFIX}account:{hashlib.sha256(name.encode()).hexdigest()[:32]}"
 
 
 def message(client_ip: str, wait_s: int) -> str:
@@ -130,30 +134,54 @@ def record_failure_sync(client_ip: str) -> None:
         logger.warning("auth throttle: Redis unavailable, failure not counted", exc_info=True)
 
 
-def account_blocked_for_s(username: str) -> int:
-    """0 if this account may be signed in to now, else the seconds until it may (sync: the login views)."""
-    if settings.AUTH_ACCOUNT_FAILURES_PER_WINDOW <= 0 or not username:
-        return 0
-    name = account_key(username)
-    try:
-        count, ttl_s = get_redis().pipeline(transaction=False).get(name).ttl(name).execute()
-    except redis.RedisError:
-        logger.warning("auth throttle: Redis unavailable, not throttling", exc_info=True)
-        return 0
-    return _wait_s(count, ttl_s, settings.AUTH_ACCOUNT_FAILURES_PER_WINDOW)
-
-
-def record_sign_in_failure(client_ip: str, username: str) -> None:
-    """A failed sign-in counts against its address and its account, in one round trip."""
+def claim_sign_in(client_ip: str, username: str) -> tuple[str, int] | None:
+    """Count this sign-in attempt against its address and its account before the password is checked;
+    None if it may go on, else (why, seconds to wait). Counting first, in one MULTI, is what makes the
+    limits hold under a burst: a check followed by a count let 99 concurrent guesses through a limit of
+    20. An attempt that signs in gives its count back (`release_sign_in`)."""
+    limits = _sign_in_limits(client_ip, username)
+    if not limits:
+        return None
     try:
         pipe = get_redis().pipeline(transaction=True)
-        if settings.AUTH_FAILURES_PER_WINDOW > 0:
-            _record(pipe, client_ip)
-        if settings.AUTH_ACCOUNT_FAILURES_PER_WINDOW > 0 and username:
-            _count(pipe, account_key(username), settings.AUTH_ACCOUNT_FAILURE_WINDOW_S)
+        for name, _limit, window_s in limits:
+            pipe.set(name, 0, ex=max(int(window_s), 1), nx=True)
+            pipe.incr(name)
+            pipe.ttl(name)
+        replies = pipe.execute()
+    except redis.RedisError:
+        logger.warning("auth throttle: Redis unavailable, not throttling", exc_info=True)
+        return None
+    for index, (name, limit, _window_s) in enumerate(limits):
+        count, ttl_s = replies[index * 3 + 1], replies[index * 3 + 2]
+        if count > limit:
+            wait_s = max(int(ttl_s), 1)
+            return (message(client_ip, wait_s) if name == key(client_ip) else account_message(wait_s)), wait_s
+    return None
+
+
+def release_sign_in(client_ip: str, username: str) -> None:
+    """A claimed attempt signed in: it was no failure."""
+    limits = _sign_in_limits(client_ip, username)
+    try:
+        pipe = get_redis().pipeline(transaction=True)
+        for name, _limit, _window_s in limits:
+            pipe.decr(name)
         pipe.execute()
     except redis.RedisError:
-        logger.warning("auth throttle: Redis unavailable, failure not counted", exc_info=True)
+        logger.warning("auth throttle: Redis unavailable", exc_info=True)
+
+
+def _sign_in_limits(client_ip: str, username: str) -> list[tuple[str, int, int]]:
+    """(key, limit, window) of each counter a sign-in attempt counts against."""
+    limits = []
+    if settings.AUTH_FAILURES_PER_WINDOW > 0:
+        limits.append((key(client_ip), settings.AUTH_FAILURES_PER_WINDOW, settings.AUTH_FAILURE_WINDOW_S))
+    if settings.AUTH_ACCOUNT_FAILURES_PER_WINDOW > 0 and username:
+        limits.append(
+            (account_key(username), settings.AUTH_ACCOUNT_FAILURES_PER_WINDOW, settings.AUTH_ACCOUNT_FAILURE_WINDOW_S)
+        )
+    return limits
 
 
 class AuthThrottled(exceptions.Throttled):
@@ -203,8 +231,8 @@ class ThrottledTokenAuthentication(TokenAuthentication):
 
 
 def throttle_login(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """Wrap a login view: a POST from a refused address, or to a refused account, gets 429; a POST that
-    does not sign in counts as a failure of both.
+    """Wrap a login view: each POST counts against its address and its account first (429 past either
+    limit); one that signs in gives its count back, so only failures stay counted.
 
     Django's LoginView answers a successful sign-in with a redirect and a failed one by showing the
     form again (200), so the status tells which it was without reaching into the form.
@@ -216,18 +244,14 @@ def throttle_login(view: Callable[..., HttpResponse]) -> Callable[..., HttpRespo
             return view(request, *args, **kwargs)
         client_ip = request.META.get("REMOTE_ADDR", "")
         username = str(request.POST.get("username", ""))[:150]
-        refusal = None
-        if wait_s := blocked_for_s_sync(client_ip):
-            refusal = message(client_ip, wait_s)
-        elif wait_s := account_blocked_for_s(username):
-            refusal = account_message(wait_s)
-        if refusal is not None:
-            response = HttpResponse(f"{refusal}.\n", status=429, content_type="text/plain; charset=utf-8")
+        if (refused := claim_sign_in(client_ip, username)) is not None:
+            why, wait_s = refused
+            response = HttpResponse(f"{why}.\n", status=429, content_type="text/plain; charset=utf-8")
             response["Retry-After"] = str(wait_s)
             return response
         response = view(request, *args, **kwargs)
-        if response.status_code == 200:
-            record_sign_in_failure(client_ip, username)
+        if response.status_code != 200:  # signed in (a redirect): not a failure
+            release_sign_in(client_ip, username)
         return response
 
     return wrapped

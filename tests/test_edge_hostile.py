@@ -413,3 +413,31 @@ def test_guesses_at_one_account_from_many_addresses_lock_that_account_only(stric
     assert 1 <= int(refused.headers["Retry-After"]) <= 900
     # Another account, from an address that guessed: signs in.
     assert _sign_in(strict_web, "127.0.1.1", "boss", TESTER_PASSWORD).status_code == 302
+
+
+def test_unicode_variants_of_a_username_share_its_lockout(strict_web, fresh_failures):
+    """Django signs "ｔｅｓｔｅｒ" (full width) in as "tester" (NFKC): the variant must not get fresh guesses."""
+    for n in range(FAILURE_LIMIT):
+        assert _sign_in(strict_web, f"127.0.2.{n + 1}", "tester", "wrong-password").status_code == 200
+    for variant in ("ｔｅｓｔｅｒ", "𝗍ester", " Tester "):
+        refused = _sign_in(strict_web, "127.0.2.100", variant, TESTER_PASSWORD)
+        assert refused.status_code == 429, (variant, refused.status_code)
+
+
+def test_a_burst_of_concurrent_guesses_is_held_to_the_limit(strict_web, fresh_failures):
+    """The limits count an attempt before its password is checked: checked first, then counted, a burst
+    of concurrent guesses all passed the check (99 password checks against a limit of 20)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def guess(n: int) -> int:
+        return _sign_in(strict_web, "127.0.3.1", "tester", f"wrong-{n}").status_code
+
+    with ThreadPoolExecutor(16) as pool:
+        statuses = list(pool.map(guess, range(30)))
+    assert statuses.count(200) <= FAILURE_LIMIT, statuses  # 200: the form again, the password was checked
+    assert statuses.count(429) >= 30 - FAILURE_LIMIT
+
+
+def test_a_sign_in_that_succeeds_does_not_count_against_the_limits(strict_web, fresh_failures):
+    for _ in range(FAILURE_LIMIT + 2):
+        assert _sign_in(strict_web, "127.0.4.1", "tester", TESTER_PASSWORD).status_code == 302

@@ -22,6 +22,7 @@ import redis
 from django.conf import settings
 from django.contrib.auth import get_user
 from django.contrib.auth.models import AnonymousUser
+from django.db import transaction
 from django.middleware.csrf import CsrfViewMiddleware
 from rest_framework.authtoken.models import Token
 
@@ -40,7 +41,14 @@ _seen_revocations: list[Any] = [None, 0.0]
 
 
 def revoked(**_: Any) -> None:
-    """Signal receiver: some token or user lost its access; every web process drops its cached tokens."""
+    """Signal receiver: some token or user lost its access; every web process drops its cached tokens.
+
+    Once the change is committed: told before, a process could drop its cache, look the token up again
+    while the change was still uncommitted, and keep the old answer for the whole cache time."""
+    transaction.on_commit(_bump_revocations)
+
+
+def _bump_revocations() -> None:
     try:
         get_redis().incr(REVOCATIONS_KEY)
     except redis.RedisError:  # the caches then expire on their own, within API_TOKEN_CACHE_S

@@ -8,9 +8,10 @@ AUTH_REVOCATION_CHECK_S on the cached predict path (inference/api/auth.py).
 
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import serializers
+from rest_framework import exceptions, serializers
 from rest_framework.authtoken.models import Token
 from rest_framework.decorators import api_view, throttle_classes
 from rest_framework.request import Request
@@ -22,10 +23,23 @@ class RotateThrottle(UserRateThrottle):
     rate = "10/hour"
 
 
-def rotate(user) -> Token:
-    """Delete the user's token (if any) and give them a new one, in one transaction."""
+class TokenReplaced(exceptions.APIException):
+    status_code = 409
+    default_code = "token_replaced"
+    default_detail = "this token was replaced by another rotation meanwhile; use the key that rotation returned"
+
+
+def rotate(user, presented: str | None = None) -> Token:
+    """Delete the user's token (if any) and give them a new one. Concurrent rotations of one user queue
+    on the user's row; one authenticated with a key that a rotation before it replaced is refused, so
+    two callers never each believe they hold the current key."""
     with transaction.atomic():
-        Token.objects.filter(user=user).delete()
+        get_user_model().objects.select_for_update().filter(pk=user.pk).first()
+        current = Token.objects.filter(user=user).first()
+        if presented is not None and (current is None or current.key != presented):
+            raise TokenReplaced()
+        if current is not None:
+            current.delete()
         return Token.objects.create(user=user)
 
 
@@ -37,4 +51,5 @@ def rotate(user) -> Token:
 @api_view(["POST"])
 @throttle_classes([RotateThrottle])
 def rotate_token(request: Request) -> Response:
-    return Response({"token": rotate(request.user).key}, status=201)
+    presented = request.auth.key if isinstance(request.auth, Token) else None  # None: a session caller
+    return Response({"token": rotate(request.user, presented).key}, status=201)

@@ -123,3 +123,34 @@ def test_bearer_works_for_uploads_as_token_does(stack, member):
     )
     assert answer.status_code == 202, answer.text
     assert _predict(stack, key, scheme="Bearer").status_code == 200
+
+
+def test_concurrent_rotations_leave_one_current_key_and_no_error(stack, member):
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, old = member
+
+    def rotate(_: int) -> requests.Response:
+        return requests.post(f"{stack.url}/api/v1/token/rotate", headers={"Authorization": f"Token {old}"}, timeout=30)
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(rotate, range(4)))
+    statuses = sorted(answer.status_code for answer in answers)
+    assert statuses.count(201) == 1, [(a.status_code, a.text[:100]) for a in answers]
+    assert set(statuses) <= {201, 409, 429, 401}, statuses  # 401: the old key was gone before it was looked up
+    new = next(answer.json()["token"] for answer in answers if answer.status_code == 201)
+    assert _predict(stack, new).status_code == 200
+
+
+def test_a_revocation_is_announced_only_once_it_is_committed(db, django_capture_on_commit_callbacks):
+    """Announced inside the transaction, a web process could re-read the not yet committed (still valid)
+    token and trust it for the whole cache time."""
+    from django.contrib.auth import get_user_model
+
+    from inference.api import auth
+
+    user = get_user_model().objects.create_user(username="revoked-later", password="x" * 12)
+    with django_capture_on_commit_callbacks(execute=False) as announced:
+        user.is_active = False
+        user.save()
+    assert auth._bump_revocations in announced
