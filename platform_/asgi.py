@@ -39,8 +39,21 @@ from django.utils.module_loading import import_string  # noqa: E402
 # open with the thread's state after the request: a 30-way burst of uploads left 83 connections held
 # and PostgreSQL refused every other client ("too many clients"). Django's docs say the same: disable
 # persistent connections in async mode. The workers (one process per child) keep theirs.
+#
+# And a pool of at most WEB_DB_POOL_SIZE connections per web process (PostgreSQL): a request borrows one
+# for its queries and gives it back. Without it each concurrent request held a connection of its own, and
+# 150 concurrent sign-ins took PostgreSQL past max_connections (100): every other client, the workers
+# included, was refused. A request that waits past WEB_DB_POOL_TIMEOUT_S for one gets 503
+# database_unavailable (platform_/errors.py). Named in pg_stat_activity as platform-web:<pid>.
 for _database in settings.DATABASES.values():
     _database["CONN_MAX_AGE"] = 0
+    if _database["ENGINE"] == "django.db.backends.postgresql" and settings.WEB_DB_POOL_SIZE > 0:
+        _database.setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 0,
+            "max_size": settings.WEB_DB_POOL_SIZE,
+            "timeout": settings.WEB_DB_POOL_TIMEOUT_S,
+        }
+        _database["OPTIONS"]["application_name"] = f"platform-web:{os.getpid()}"
 
 from platform_.bodies import BodyGuard, declared_length, send_response, too_large  # noqa: E402
 

@@ -5,6 +5,7 @@ and the error handlers that give people the product's styled 400/403/404/500 pag
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from django.conf import settings
@@ -15,7 +16,9 @@ from django.core.exceptions import (
     TooManyFieldsSent,
     TooManyFilesSent,
 )
-from django.http import Http404, HttpResponseBadRequest, HttpResponseServerError, JsonResponse
+from django.db import InterfaceError, OperationalError
+from django.http import Http404, HttpResponse, HttpResponseBadRequest, HttpResponseServerError, JsonResponse
+from django.template import loader
 from django.views import csrf, defaults
 from rest_framework import exceptions
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -121,9 +124,35 @@ def json_404(request: Any, exception: Exception | None = None) -> Any:
     return defaults.page_not_found(request, exception)
 
 
+# Retry-After of a 503 for a database that is busy (the web's connection pool stayed full) or down.
+DATABASE_RETRY_AFTER_S = 5
+
+
+def database_unavailable(request: Any) -> Any:
+    """503 for a request that could not reach the database: JSON `database_unavailable` on API paths (in
+    OpenAI's shape on /v1/), the styled 503 page for people; Retry-After either way."""
+    detail = "the database is busy or unreachable; nothing already accepted was lost; try again shortly"
+    if request.path.startswith("/v1/"):
+        error = {"message": detail, "type": "server_error", "param": None, "code": "database_unavailable"}
+        response = JsonResponse({"error": error}, status=503)
+    elif is_api_path(request.path):
+        response = JsonResponse({"detail": detail, "code": "database_unavailable"}, status=503)
+    else:
+        try:
+            response = HttpResponse(loader.render_to_string("503.html"), status=503)
+        except Exception:
+            response = HttpResponse(f"{detail}.\n", status=503, content_type="text/plain")
+    response["Retry-After"] = str(DATABASE_RETRY_AFTER_S)
+    return response
+
+
 def json_500(request: Any) -> Any:
     """handler500: JSON for API paths; otherwise templates/500.html, rendered without the request (it may be
-    what failed), and plain text if even that fails (a broken template must not hide the first error)."""
+    what failed), and plain text if even that fails (a broken template must not hide the first error).
+
+    A database that could not be reached (Django calls this while handling the exception) is a 503."""
+    if isinstance(sys.exc_info()[1], OperationalError | InterfaceError):
+        return database_unavailable(request)
     if request.path.startswith("/v1/"):  # OpenAI-compatible endpoints answer in OpenAI's error shape
         error = {"message": "internal server error", "type": "server_error", "param": None, "code": "server_error"}
         return JsonResponse({"error": error}, status=500)

@@ -315,6 +315,8 @@ def stack(
         "ONLINE_DEADLINE_MS": "10000",
         "ONLINE_MAX_BACKLOG": "256",
         "TORCH_THREADS": "1",
+        # A web pool smaller than the tests' bursts, so they show it bounds the connections.
+        "WEB_DB_POOL_SIZE": "8",
         **JOBS_ENV,
     }
     bin_dir = Path(sys.executable).parent

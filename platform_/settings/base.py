@@ -292,6 +292,11 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
 }
+# WEB_DB_POOL_SIZE: PostgreSQL connections one web process holds at most (0: no pool, one per request);
+# keep WEB_PROCESSES x this, plus the workers' connections, under PostgreSQL's max_connections.
+WEB_DB_POOL_SIZE = env.int("WEB_DB_POOL_SIZE", default=20)
+# WEB_DB_POOL_TIMEOUT_S: how long a request waits for a pooled connection before it gets 503.
+WEB_DB_POOL_TIMEOUT_S = env.float("WEB_DB_POOL_TIMEOUT_S", default=10.0)
 # WEB_REDIS_MAX_CONNECTIONS: Redis connections per web process; each waiting predict call holds one.
 WEB_REDIS_MAX_CONNECTIONS = env.int("WEB_REDIS_MAX_CONNECTIONS", default=1024)
 

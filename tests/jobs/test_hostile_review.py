@@ -201,8 +201,8 @@ def web_reading_two(stack, tmp_path_factory) -> Iterator[str]:
     port = free_port()
     env = {**stack.env, "JOBS_MAX_INGESTING_PER_USER": "2"}
     log = Path(tmp_path_factory.mktemp("web-two")) / "web.log"
-    command = [str(Path(sys.executable).parent / "uvicorn"), "platform_.asgi:application"]
-    web = _start([*command, "--host", "127.0.0.1", "--port", str(port), "--no-access-log"], env, log)
+    command = [sys.executable, "-m", "platform_.server"]
+    web = _start([*command, "--host", "127.0.0.1", "--port", str(port)], env, log)
     url = f"http://127.0.0.1:{port}"
 
     def ready() -> bool:

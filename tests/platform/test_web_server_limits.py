@@ -467,3 +467,83 @@ def test_x_forwarded_for_is_believed_only_from_the_configured_proxy(stack, tmp_p
         assert status == 429 and "127.0.0.8" in body, body
     finally:
         _stop(web)
+
+
+def _pg_connections(conn, application_name: str) -> int:
+    row = conn.execute("select count(*) from pg_stat_activity where application_name = %s", (application_name,))
+    return int(row.fetchone()[0])
+
+
+def test_a_burst_of_requests_borrows_at_most_the_pools_database_connections(stack, tmp_path):
+    """150 concurrent sign-ins took PostgreSQL past max_connections (a connection per request): now a
+    web process borrows at most WEB_DB_POOL_SIZE, the others wait their turn, and nobody gets a 500."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if "postgres" not in stack.env["DATABASE_URL"]:
+        pytest.skip("the pool is PostgreSQL's")
+    pool_size = 3
+    url, web = _server(stack, tmp_path, "pooled", WEB_DB_POOL_SIZE=str(pool_size), AUTH_FAILURES_PER_WINDOW="0")
+    name = f"platform-web:{web.pid}"
+    stop, most = False, [0]
+
+    def watch() -> None:
+        import psycopg
+
+        from tests.conftest import database_url
+
+        with psycopg.connect(database_url(), autocommit=True) as conn:
+            while not stop:
+                most[0] = max(most[0], _pg_connections(conn, name))
+
+    def pages(_: int) -> int:
+        return requests.get(f"{url}/accounts/login/", timeout=60).status_code  # a session: a query or two
+
+    def jobs(_: int) -> int:
+        return requests.get(f"{url}/api/v1/jobs", headers=stack.headers(), timeout=60).status_code
+
+    try:
+        with ThreadPoolExecutor(1) as watcher, ThreadPoolExecutor(40) as pool:
+            watching = watcher.submit(watch)
+            statuses = list(pool.map(jobs, range(120))) + list(pool.map(pages, range(40)))
+            stop = True
+            watching.result()
+        assert set(statuses) <= {200, 503}, statuses
+        assert statuses.count(200) >= len(statuses) // 2
+        assert 1 <= most[0] <= pool_size, most[0]
+    finally:
+        _stop(web)
+
+
+def test_a_database_that_cannot_be_reached_gets_503_not_500(stack, tmp_path):
+    """API paths answer JSON 503 database_unavailable (OpenAI's shape on /v1/), pages a styled 503, both
+    with Retry-After; before, a plain 500."""
+    port = free_port()
+    env = {**stack.env, "DATABASE_URL": "postgres://postgres@127.0.0.1:9/nowhere", "WEB_DB_POOL_TIMEOUT_S": "2"}
+    log = tmp_path / "no-db.log"
+    web = _start([sys.executable, "-m", "platform_.server", "--port", str(port)], env, log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def up() -> bool:
+            try:
+                return _health_ok(url)
+            except OSError:
+                return False
+
+        wait_until(up, 60, "the web process without a database")
+        api = requests.get(f"{url}/api/v1/jobs", headers=stack.headers(), timeout=30)
+        assert api.status_code == 503 and api.json()["code"] == "database_unavailable", api.text[:300]
+        assert int(api.headers["Retry-After"]) > 0
+        openai = requests.get(f"{url}/v1/batches", headers=stack.headers(), timeout=30)
+        assert openai.status_code == 503 and openai.json()["error"]["code"] == "database_unavailable"
+        session = requests.Session()
+        login = f"{url}/accounts/login/"
+        session.get(login, timeout=30)
+        page = session.post(
+            login,
+            data={"username": "tester", "password": "x", "csrfmiddlewaretoken": session.cookies["csrftoken"]},
+            headers={"Referer": login},
+            timeout=30,
+        )
+        assert page.status_code == 503 and "database is busy or unreachable" in page.text
+    finally:
+        _stop(web)
