@@ -26,10 +26,16 @@ if not env.str("DJANGO_SECRET_KEY", default=""):
 DEBUG = False
 SILENCED_SYSTEM_CHECKS: list[str] = []
 
-# DJANGO_BEHIND_TLS_PROXY: trust X-Forwarded-Proto from the proxy in front (it must set or strip
-# the header), so requests that reached the proxy over HTTPS count as secure.
-if env.bool("DJANGO_BEHIND_TLS_PROXY", default=False):
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# DJANGO_BEHIND_TLS_PROXY: requests that reached the TLS proxy in front over HTTPS count as secure. The
+# web server (platform_/server.py) takes X-Forwarded-Proto into the request's scheme only from the
+# proxies in FORWARDED_ALLOW_IPS; Django's SECURE_PROXY_SSL_HEADER would believe the header from any
+# client that reaches a web process directly, so it is not used. Without a proxy named every request
+# would look like plain HTTP and the HTTPS redirect would loop: refuse to start instead.
+if env.bool("DJANGO_BEHIND_TLS_PROXY", default=False) and not FORWARDED_ALLOW_IPS.strip():  # noqa: F405
+    raise ImproperlyConfigured(
+        "DJANGO_BEHIND_TLS_PROXY=true needs FORWARDED_ALLOW_IPS: the TLS proxy's address or network, whose "
+        "X-Forwarded-Proto and X-Forwarded-For the web server may believe"
+    )
 
 # DJANGO_SECURE_SSL_REDIRECT: redirect plain HTTP to HTTPS; off when the proxy already redirects.
 SECURE_SSL_REDIRECT = env.bool("DJANGO_SECURE_SSL_REDIRECT", default=True)

@@ -40,6 +40,7 @@ def test_production_switches_for_a_tls_proxy_are_deliberate_not_warnings():
         "WARNING",
         DJANGO_SECRET_KEY=secrets.token_urlsafe(50),
         DJANGO_BEHIND_TLS_PROXY="true",
+        FORWARDED_ALLOW_IPS="10.0.0.0/8",
         DJANGO_SECURE_SSL_REDIRECT="false",
         DJANGO_SECURE_HSTS_SECONDS="0",
     )
@@ -78,3 +79,10 @@ def test_production_redirects_people_to_https_but_not_probes_or_prometheus():
     assert result.returncode == 0, result.stdout + result.stderr
     metrics, health, page = eval(result.stdout.strip().splitlines()[-1])
     assert (metrics, health, page) == (401, 200, 301)
+
+
+def test_a_tls_proxy_without_its_address_refuses_to_start():
+    """X-Forwarded-Proto is believed only from FORWARDED_ALLOW_IPS (platform_/server.py), not from any
+    client as Django's SECURE_PROXY_SSL_HEADER would: without the proxy's address, say so at start."""
+    result = manage("check", DJANGO_SECRET_KEY=secrets.token_urlsafe(50), DJANGO_BEHIND_TLS_PROXY="true")
+    assert result.returncode != 0 and "needs FORWARDED_ALLOW_IPS" in result.stderr
