@@ -375,8 +375,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 f"the request has more than {lim.max_headers} header fields, the limit",
             )
             raise _HeaderLimitExceeded
-        # Headers that arrived in one read were not counted as partial ones are: count them whole.
-        if len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers) > lim.max_header_bytes:
+        # Headers that arrived whole in one read (up to 256 KiB) were not stopped as partial ones are: count
+        # them when that read was larger than the limit (it usually is a few hundred bytes), or was not
+        # counted (a request pipelined behind another in one read).
+        if (self._header_bytes > lim.max_header_bytes or self._header_bytes == 0) and (
+            len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers) > lim.max_header_bytes
+        ):
             self._refusal = self._too_large()
             raise _HeaderLimitExceeded
         if len(self.pipeline) >= lim.max_pipelined:
