@@ -179,8 +179,7 @@ def send_header(host: str, port: int, source: str, size_bytes: int, report: dict
 
 def big_headers(host: str, port: int, source: str, stop: threading.Event, report: dict) -> None:
     threads = [
-        threading.Thread(target=send_header, args=(host, port, source, 40 << 20, report, f"conn{i}"))
-        for i in range(20)
+        threading.Thread(target=send_header, args=(host, port, source, 40 << 20, report, f"conn{i}")) for i in range(20)
     ]
     for thread in threads:
         thread.start()
@@ -238,7 +237,9 @@ def main() -> None:
     parser.add_argument("--attacks", default="idle,slowloris,big-header,many-headers")
     args = parser.parse_args()
     source = args.attacker_address
-    print("| attack | what the attacker saw | another client (GET /api/v1/health, new connection per 50 ms) | web RSS |")
+    print(
+        "| attack | what the attacker saw | another client (GET /api/v1/health, new connection per 50 ms) | web RSS |"
+    )
     print("|---|---|---|---|")
     chosen = set(args.attacks.split(","))
     if "idle" in chosen:

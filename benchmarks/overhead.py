@@ -155,9 +155,7 @@ def step(system: str, url: str, concurrency: int, seconds: float, env: dict[str,
 def platform_groups(port: int) -> Groups:
     """The stack's process groups, found as benchmarks/profile.sh does; when the uvicorn on `port` runs under
     honcho (`make run`), only the online worker started by the same honcho counts (not another stack's)."""
-    masters = [
-        p for p in processes(["-m platform_.server"]) if f"--port {port} " in " ".join(p.cmdline()) + " "
-    ]
+    masters = [p for p in processes(["-m platform_.server"]) if f"--port {port} " in " ".join(p.cmdline()) + " "]
     if not masters:
         raise SystemExit(f"no platform_.server on port {port}: start the stack (`make run`)")
     honcho = [p for p in masters[0].parents() if "honcho" in " ".join(p.cmdline())]

@@ -523,6 +523,7 @@ def test_a_database_that_cannot_be_reached_gets_503_not_500(stack, tmp_path):
     web = _start([sys.executable, "-m", "platform_.server", "--port", str(port)], env, log)
     url = f"http://127.0.0.1:{port}"
     try:
+
         def up() -> bool:
             try:
                 return _health_ok(url)
