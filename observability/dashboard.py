@@ -7,11 +7,13 @@ dashboard section adds (inference: queues, workers, the slow-request log; jobs: 
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
 from django.conf import settings
-from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
@@ -144,12 +146,27 @@ def dashboard_data(client=None, now: float | None = None) -> dict[str, Any]:
     return data
 
 
-@staff_member_required
+def staff_only(view):
+    """Anonymous people go to the product's login page; signed-in people who are not staff get the styled
+    403 page (issue 24: they landed on the admin's login, which said they "cannot use the admin")."""
+
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+        if not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        if not (request.user.is_active and request.user.is_staff):
+            raise PermissionDenied("the dashboard is for the platform's staff")
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+@staff_only
 def dashboard(request: HttpRequest) -> HttpResponse:
     return render(request, "dashboard.html", {"flower_url": settings.FLOWER_URL, "flower_note": FLOWER_NOTE})
 
 
-@staff_member_required
+@staff_only
 def dashboard_json(request: HttpRequest) -> JsonResponse:
     data = dashboard_data()
     for hide in registry.dashboard_filters():  # what this staff member may not see of the tenants

@@ -118,9 +118,9 @@ def test_counts_match_the_requests_sent_and_the_batches_run(stack):
 
 def test_dashboard_needs_staff_and_shows_live_figures(stack):
     anonymous = requests.get(f"{stack.url}/dashboard/", timeout=10, allow_redirects=False)
-    assert anonymous.status_code == 302 and "/admin/login/" in anonymous.headers["Location"]
+    assert anonymous.status_code == 302 and "/accounts/login/" in anonymous.headers["Location"]
     not_staff = stack.browser_login("tester").get(f"{stack.url}/dashboard/data.json", timeout=10, allow_redirects=False)
-    assert not_staff.status_code == 302
+    assert not_staff.status_code == 403
 
     staff = stack.browser_login("boss")
     page = staff.get(f"{stack.url}/dashboard/", timeout=10)

@@ -27,9 +27,13 @@ def page(client) -> str:
 
 
 def test_dashboard_is_for_staff_only(client):
-    assert client.get("/dashboard/").status_code == 302
+    """Anonymous: the product's login page (not the admin's); signed in but not staff: the styled 403."""
+    anonymous = client.get("/dashboard/")
+    assert anonymous.status_code == 302 and anonymous["Location"].startswith("/accounts/login/?next=/dashboard/")
     client.force_login(user("someone"))
-    assert client.get("/dashboard/").status_code == 302
+    refused = client.get("/dashboard/")
+    assert refused.status_code == 403 and b"does not have permission for this page" in refused.content
+    assert client.get("/dashboard/data.json").status_code == 403
 
 
 def test_every_chart_has_a_canvas_a_legend_and_a_unit(page):
