@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -147,13 +148,15 @@ def credentials() -> dict[str, str]:
     return creds
 
 
-def banner(web: str, flower_port: int, creds: dict[str, str]) -> str:
+def banner(web: str, flower_url: str, creds: dict[str, str]) -> str:
     lines = [
         "",
         "The platform is up.",
+        f"  Jobs       {web}/jobs/   (upload a CSV or JSON lines file, follow and review jobs)",
+        f"  Dashboard  {web}/dashboard/   (staff: queues, latency, workers, the jam diagnosis)",
         f"  API docs   {web}/api/docs/",
         f"  Admin      {web}/admin/   (user admin)",
-        f"  Flower     http://127.0.0.1:{flower_port}/   (basic auth from var/credentials.json)",
+        f"  Flower     {flower_url}   (basic auth from var/credentials.json)",
         f"  Ready      {web}/api/v1/ready",
         f"  Metrics    {web}/metrics   (Authorization: Bearer $METRICS_TOKEN: var/metrics_token unless set, or log in as admin)",
     ]
@@ -177,16 +180,57 @@ def banner(web: str, flower_port: int, creds: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def announce_when_ready(web: str, text: str, stop: threading.Event) -> None:
+# The banner waits for the processes' start-up logs to go quiet this long (at most BANNER_MAX_WAIT_S
+# after the platform is ready), so it is the last thing on the screen, not scrolled away by worker logs.
+BANNER_QUIET_S = 3.0
+BANNER_MAX_WAIT_S = 60.0
+
+
+# What a worker child logs once its models are loaded (inference/worker_process.py); the banner waits for
+# a child of each role, so the offline worker's model loading does not scroll it away.
+CHILD_READY = re.compile(rb"worker child \S+ ready on (online|offline)")
+ROLES = frozenset({b"online", b"offline"})
+
+
+def banner_due(now: float, ready_at: float | None, last_output_at: float, roles_ready: set[bytes] = ROLES) -> bool:
+    """Whether to print the banner: the web ready, a child of each worker ready, and the logs quiet for
+    BANNER_QUIET_S; or BANNER_MAX_WAIT_S after the web was ready, whatever the rest does."""
+    if ready_at is None:
+        return False
+    if now - ready_at >= BANNER_MAX_WAIT_S:
+        return True
+    return roles_ready >= ROLES and now - last_output_at >= BANNER_QUIET_S
+
+
+def ready(web: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{web}/api/v1/ready", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def announce_when_ready(
+    web: str, text: str, stop: threading.Event, last_output_at: list[float], roles_ready: set[bytes]
+) -> None:
+    ready_at = None
     while not stop.is_set():
-        try:
-            with urllib.request.urlopen(f"{web}/api/v1/ready", timeout=2) as response:
-                if response.status == 200:
-                    print(text, flush=True)
-                    return
-        except OSError:
-            pass
-        stop.wait(1.0)
+        if ready_at is None and ready(web):
+            ready_at = time.monotonic()
+        if banner_due(time.monotonic(), ready_at, last_output_at[0], roles_ready):
+            print(text, flush=True)
+            return
+        stop.wait(0.5)
+
+
+def relay(stream, last_output_at: list[float], roles_ready: set[bytes]) -> None:
+    """Copy the processes' logs to the terminal, noting when the last line came and which workers are ready."""
+    for line in iter(stream.readline, b""):
+        sys.stdout.buffer.write(line)
+        sys.stdout.flush()
+        last_output_at[0] = time.monotonic()
+        if match := CHILD_READY.search(line):
+            roles_ready.add(match[1])
 
 
 def main() -> int:
@@ -224,12 +268,26 @@ def main() -> int:
     web_port = int(os.environ.setdefault("WEB_PORT", str(free_port(8000))))
     flower_port = int(os.environ.setdefault("FLOWER_PORT", str(free_port(5555))))
     os.environ.setdefault("FLOWER_BASIC_AUTH", creds["flower"])
+    # The dashboard's Flower link: the port chosen here (it differs from 5555 when that one is taken).
+    flower_url = os.environ.setdefault("FLOWER_URL", f"http://127.0.0.1:{flower_port}/")
     web = f"http://127.0.0.1:{web_port}"
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     honcho = shutil.which("honcho", path=env["PATH"]) or "honcho"
     stop = threading.Event()
-    threading.Thread(target=announce_when_ready, args=(web, banner(web, flower_port, creds), stop), daemon=True).start()
-    procs = subprocess.Popen([honcho, "start", "-f", str(ROOT / "Procfile")], cwd=ROOT, env=env)
+    last_output_at, roles_ready = [time.monotonic()], set()
+    text = banner(web, flower_url, creds)
+    announcer = threading.Thread(
+        target=announce_when_ready, args=(web, text, stop, last_output_at, roles_ready), daemon=True
+    )
+    announcer.start()
+    procs = subprocess.Popen(
+        [honcho, "start", "-f", str(ROOT / "Procfile")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    threading.Thread(target=relay, args=(procs.stdout, last_output_at, roles_ready), daemon=True).start()
     # Ctrl-C reaches honcho directly (same process group); a SIGTERM to this script is passed on.
     signal.signal(signal.SIGTERM, lambda *_: procs.send_signal(signal.SIGTERM))
     try:
