@@ -1,7 +1,7 @@
 """Project URLs: the API under /api/v1/, its schema and docs, the admin."""
 
 from django.conf import settings
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth import views as auth_views
 from django.contrib.staticfiles.views import serve as serve_static
@@ -10,6 +10,17 @@ from django.views.generic import RedirectView
 
 from platform_.api_docs import RedocView, SchemaView, SwaggerView
 from platform_.auth_throttle import throttle_login
+
+
+class LogoutView(auth_views.LogoutView):
+    """Django's log out, and the login page it leads to says so (issue 24: nothing told people they were
+    out). The message survives the session's end: the default message storage keeps it in a cookie."""
+
+    def post(self, request, *args, **kwargs):
+        response = super().post(request, *args, **kwargs)
+        messages.success(request, "You are logged out.")
+        return response
+
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/jobs/", permanent=False)),
@@ -31,8 +42,8 @@ urlpatterns = [
         throttle_login(auth_views.LoginView.as_view(extra_context={"hide_login_link": True})),
         name="login",
     ),
-    path("accounts/logout/", auth_views.LogoutView.as_view(next_page="/accounts/login/"), name="logout"),
-    path("admin/logout/", auth_views.LogoutView.as_view(next_page="/accounts/login/")),
+    path("accounts/logout/", LogoutView.as_view(next_page="/accounts/login/"), name="logout"),
+    path("admin/logout/", LogoutView.as_view(next_page="/accounts/login/")),
     path("admin/", admin.site.urls),
     path("", include("observability.urls")),  # /dashboard/, /dashboard/data.json, /metrics
     path("api/v1/", include("inference.api.urls")),

@@ -54,6 +54,8 @@ def test_every_page_has_a_log_out_form_that_works_by_post(client):
     assert client.get("/accounts/logout/").status_code == 405  # Django 5: logging out needs a POST
     answer = client.post("/accounts/logout/")
     assert answer.status_code == 302 and answer["Location"] == "/accounts/login/"
+    assert "You are logged out." in client.get("/accounts/login/").content.decode()  # said once, on arrival
+    assert "You are logged out." not in client.get("/accounts/login/").content.decode()
     assert client.get("/jobs/").status_code == 302  # logged out: back to the login page
 
 
