@@ -71,3 +71,10 @@ def test_nothing_is_loaded_from_another_host(page):
 def legend_of(page: str, chart: str) -> str:
     start = re.search(rf'<span class="legend"[^>]*data-chart="{chart}"', page).start()
     return page[start : page.index("</span></div>", start)]
+
+
+def test_each_offline_rate_says_its_window(page):
+    """Issue 24: the tile (a one-minute rate of all jobs) and the jobs table (each job's own rate since it
+    started) showed two different rows/s side by side with no word on which is which."""
+    assert "rows/s <small>(all jobs, last minute)</small>" in page
+    assert '"rows/s since start"' in page
