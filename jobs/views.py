@@ -104,7 +104,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
             form.add_error(field, error.message)
             status = error.status
         else:
-            messages.success(request, f"Job {job.pk} created: the file is being read, then its rows are classified.")
+            messages.success(request, f"Job {job.pk} created.")  # what it is doing, the summary says (and keeps saying)
             return redirect("jobs:detail", pk=job.pk)
     elif request.method == "POST":
         status = 400

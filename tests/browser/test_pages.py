@@ -412,3 +412,20 @@ def test_staff_corrects_a_low_confidence_label_in_the_admin_review(open_browser,
     exported = api_rows(stack, job_id)
     assert [exported[i]["corrected_label"] for i in (0, 1, 2)] == [corrected, corrected, ""]
     browser.assert_clean()
+
+
+def test_a_running_jobs_page_refreshes_every_part_it_shows(open_browser, stack, tmp_path):
+    """Issue 24: the summary said "7456 done" while Labels said "No rows classified yet." and Rows "No
+    rows."; only the summary refreshed. Now labels and rows follow it while the job runs."""
+    browser = open_browser("tester")
+    page = browser.new_page()
+    browser.goto(page, "/jobs/")
+    job_id = upload(page, write_csv(tmp_path, "live.csv", 3000), "router")
+    expect(page.get_by_text("No rows classified yet.")).to_be_visible()  # nothing done when the page loaded
+    wait_until(lambda: api_job(stack, job_id)["done_rows"] > 0, 60, "the job's first rows")
+    # Without reloading: the labels card and the rows table fill in on their own.
+    expect(page.get_by_text("No rows classified yet.")).to_have_count(0, timeout=15_000)
+    expect(page.locator("#job-live table").first.get_by_role("row")).not_to_have_count(1, timeout=15_000)
+    expect(page.locator("#job-live td .badge.status-succeeded").first).to_be_visible(timeout=15_000)  # a done row
+    requests.post(f"{stack.url}/api/v1/jobs/{job_id}/cancel", headers=stack.headers(), timeout=10)  # free the worker
+    browser.assert_clean()
