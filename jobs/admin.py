@@ -224,9 +224,8 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="elapsed")
     def elapsed(self, job: Job) -> str:
-        if not job.started_at:
-            return NOT_STORED
-        return duration_text(((job.finished_at or timezone.now()) - job.started_at).total_seconds())
+        elapsed_s = job.elapsed_s()
+        return NOT_STORED if elapsed_s is None else duration_text(elapsed_s)
 
     @admin.display(description="time left")
     def eta(self, job: Job) -> str:

@@ -46,10 +46,8 @@ def describe(job: Job, user, now: datetime | None = None) -> Job:
     job.failed_pct = 100.0 * job.failed_rows / total if total else 0.0
     job.reading_pct = 100.0 * job.ingest_progress
     job.remaining_rows = max(total - job.done_rows - job.failed_rows, 0)
-    if job.started_at:
-        job.elapsed_text = duration_text(((job.finished_at or now) - job.started_at).total_seconds())
-    else:
-        job.elapsed_text = "not started"
+    elapsed_s = job.elapsed_s(now)
+    job.elapsed_text = "not started" if elapsed_s is None else duration_text(elapsed_s)
     # None unless queued or running: a job being read has no chunks yet, an ended one none left.
     job.standing = scheduler.standing_of(job)
     job.eta_text = time_left_text(job, job.standing)

@@ -158,6 +158,28 @@ def test_retry_reruns_only_the_failed_rows(stack):
             assert second[index] == row
 
 
+def test_the_time_a_job_spent_ended_is_not_in_its_rate_after_a_retry(stack, django_db_blocker):
+    """Issue 24: a retry an hour after a job's end counted that hour as running time ("1 s, 340.8 rows/s"
+    became "2 min 15 s, 3.7 rows/s"); the time between the end and the retry is left out."""
+    from datetime import timedelta
+
+    from jobs.models import Job
+
+    job = upload(stack, make_csv(100, empty_every=25)).json()
+    first = wait_for_end(stack, job["id"])
+    assert first["rows_per_s"] > 0
+    with django_db_blocker.unblock():  # as if the job had ended an hour ago, after the same run
+        ended = Job.objects.get(pk=job["id"])
+        Job.objects.filter(pk=ended.pk).update(
+            started_at=ended.started_at - timedelta(hours=1), finished_at=ended.finished_at - timedelta(hours=1)
+        )
+    retried = requests.post(f"{stack.url}/api/v1/jobs/{job['id']}/retry", headers=stack.headers(), timeout=10)
+    assert retried.status_code == 200, retried.text
+    again = wait_for_end(stack, job["id"])
+    # Without the hour: the same order as the first run's rate (96 rows over a few seconds), not 96 / 3,600 s.
+    assert again["rows_per_s"] > 1.0, (first["rows_per_s"], again["rows_per_s"])
+
+
 def test_retry_of_a_running_job_or_one_without_failures_is_409(stack):
     job = upload(stack, make_csv(2000)).json()
     running = requests.post(f"{stack.url}/api/v1/jobs/{job['id']}/retry", headers=stack.headers(), timeout=10)
