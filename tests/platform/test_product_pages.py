@@ -105,3 +105,12 @@ def test_403_and_500_pages(rf: RequestFactory):
     assert metrics.status_code == 403 and json.loads(metrics.content)["code"] == "permission_denied"
     csrf = errors.csrf_failure(rf.post("/api/v1/jobs"), "CSRF token missing")
     assert csrf.status_code == 403 and json.loads(csrf.content)["code"] == "csrf_failed"
+
+
+def test_pages_mark_the_current_section_for_screen_readers_and_offer_a_skip_link(client):
+    """Issue 24 (WCAG 2.1 AA): the current page was marked by colour only, and there was no way to skip
+    the navigation."""
+    client.force_login(user("carol"))
+    html = client.get("/jobs/").content.decode()
+    assert '<a href="/jobs/" class="current" aria-current="page">Jobs</a>' in html
+    assert '<a class="skip-link" href="#main">Skip to content</a>' in html and '<main id="main"' in html
