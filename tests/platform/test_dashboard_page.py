@@ -78,3 +78,8 @@ def test_each_offline_rate_says_its_window(page):
     started) showed two different rows/s side by side with no word on which is which."""
     assert "rows/s <small>(all jobs, last minute)</small>" in page
     assert '"rows/s since start"' in page
+
+
+def test_the_queue_depth_chart_says_it_counts_requests_in_flight_too(page):
+    """Issue 24: its axis said "queued" while it plots waiting plus in-flight requests (and chunks)."""
+    assert 'data-chart="c-depth" data-unit="waiting or in flight"' in page
