@@ -40,6 +40,7 @@ from jobs.models import (
 )
 from jobs.readers import EMBEDDINGS_ENDPOINT
 from jobs.signals import batch_finalized
+from platform_.db import lock_user
 
 logger = logging.getLogger(__name__)
 COMPLETION_WINDOWS = ("24h",)
@@ -128,7 +129,7 @@ def create_batch(
     lifecycle.check_admission(owner, share)
     now = timezone.now()
     with transaction.atomic():
-        quotas.lock_owner(owner)  # the check again, atomic with the job's creation (lifecycle.create_job says why)
+        lock_user(owner)  # the check again, atomic with the job's creation (lifecycle.create_job says why)
         lifecycle.check_admission(owner, share)
         job = Job.objects.create(
             owner=owner,

@@ -23,6 +23,7 @@ from jobs import enqueue, files, quotas, readers, scheduler
 from jobs.files import PartsGone, PartsReader
 from jobs.ingest import IngestError, IngestLimits, in_task_order, input_columns, shown
 from jobs.models import Batch, Chunk, FileFormat, FilePart, Job, JobRow, JobStatus, Priority, RowStatus, UploadPart
+from platform_.db import lock_user
 from platform_.errors import ApiError
 
 logger = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ def create_job(
     structured = not takes_text(spec.task)
     with transaction.atomic():
         # Again under the owner's lock, in the transaction that creates the job: the check that counts.
-        quotas.lock_owner(owner)
+        lock_user(owner)
         check_admission(owner, share)
         job = Job.objects.create(
             owner=owner,
@@ -101,7 +102,7 @@ def create_job(
 
 def check_admission(owner, share: quotas.Share) -> None:
     """The per-user limits a new job must pass (IngestError, 429, naming the limit). Atomic only inside a
-    transaction holding `quotas.lock_owner(owner)`, through to the job's creation."""
+    transaction holding `platform_.db.lock_user(owner)`, through to the job's creation."""
     quotas.check_new_job(owner, share)
     check_reading(owner)
 

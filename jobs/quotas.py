@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db.models import F, Sum
 
 from jobs.fairshare import BANDS, band_rank
@@ -73,13 +72,6 @@ def queued_rows(user, exclude_job_id: int | None = None) -> int:
         "rows"
     ]
     return int(running or 0) + int(reading or 0)
-
-
-def lock_owner(user) -> None:
-    """Lock the user's row until the transaction ends: a check of what they have (jobs not yet ended,
-    uploads being read) and the job it admits then happen as one, and their other uploads wait their
-    turn. Without it, uploads sent at once all counted the same jobs and all passed."""
-    list(get_user_model().objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True))
 
 
 def check_new_job(user, share: Share) -> None:

@@ -1,4 +1,5 @@
-"""Database calls from code that runs outside Django's request handler (the lean predict path)."""
+"""Database helpers shared by the apps: calls from code that runs outside Django's request handler (the
+lean predict path), and the per-user lock that makes a check of what a user has atomic with what it admits."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
+from django.contrib.auth import get_user_model
 from django.db import close_old_connections
 
 T = TypeVar("T")
@@ -29,3 +31,11 @@ async def run_db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     # Not thread-sensitive: asgiref's one shared thread would queue every call of the process behind
     # the slowest (a slow-log insert waiting on an offline writer would hold up authentication).
     return await sync_to_async(call, thread_sensitive=False)()
+
+
+def lock_user(user: Any) -> None:
+    """Lock the user's row until the transaction ends: a check of what they have (jobs not yet ended,
+    uploads being read, files kept, their current token) and the change it admits then happen as one,
+    and their other requests doing the same wait their turn. Without it, requests sent at once all counted
+    the same state and all passed."""
+    list(get_user_model().objects.select_for_update().filter(pk=user.pk).values_list("pk", flat=True))

@@ -8,7 +8,6 @@ AUTH_REVOCATION_CHECK_S on the cached predict path (inference/api/auth.py).
 
 from __future__ import annotations
 
-from django.contrib.auth import get_user_model
 from django.db import transaction
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import exceptions, serializers
@@ -17,6 +16,8 @@ from rest_framework.decorators import api_view, throttle_classes
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import UserRateThrottle
+
+from platform_.db import lock_user
 
 
 class RotateThrottle(UserRateThrottle):
@@ -34,7 +35,7 @@ def rotate(user, presented: str | None = None) -> Token:
     on the user's row; one authenticated with a key that a rotation before it replaced is refused, so
     two callers never each believe they hold the current key."""
     with transaction.atomic():
-        get_user_model().objects.select_for_update().filter(pk=user.pk).first()
+        lock_user(user)
         current = Token.objects.filter(user=user).first()
         if presented is not None and (current is None or current.key != presented):
             raise TokenReplaced()

@@ -18,7 +18,6 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.core.exceptions import SuspiciousOperation
 from django.db import transaction
 from django.db.models import QuerySet
@@ -41,6 +40,7 @@ from jobs.batches import id_like
 from jobs.callbacks import CallbackRefused, check_destination
 from jobs.ingest import IngestError, storable
 from jobs.models import Batch, CallbackSecret, FilePurpose, StoredFile
+from platform_.db import lock_user
 from platform_.errors import ApiError
 from platform_.streams import streaming_response
 
@@ -207,7 +207,7 @@ class FilesView(OpenAIView):
         expires_at = _expires_at(request.data)
         with transaction.atomic():
             # The user's row locked: two uploads at once cannot both pass the count.
-            get_user_model().objects.select_for_update().filter(pk=request.user.pk).first()
+            lock_user(request.user)
             kept = visible_files(request.user).filter(purpose=FilePurpose.BATCH).count()
             if kept >= settings.JOBS_MAX_FILES_PER_USER:
                 raise _invalid(
