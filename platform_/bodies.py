@@ -28,7 +28,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpResponse, JsonResponse
 
-from platform_.errors import ApiError
+from platform_.errors import ApiError, api_error_response
 
 # The endpoints that take a file upload: POST /api/v1/jobs (jobs/api/urls.py), the upload form on
 # the job list page (jobs/urls.py) and OpenAI's POST /v1/files (jobs/api/openai_batches.py). "api" answers 401 JSON; "page" redirects to the login form, as
@@ -49,13 +49,10 @@ def other_limit_bytes() -> int:
 def too_large(limit: int, length: int | None = None, path: str = "") -> HttpResponse:
     size = f"is {length} bytes" if length is not None else "passed the limit as it arrived"
     detail = f"the request body {size}; the limit is {limit} bytes"
-    if path.startswith("/v1/"):  # OpenAI's API: its clients read errors in OpenAI's shape
-        body = {
-            "error": {"message": detail, "type": "invalid_request_error", "param": None, "code": "payload_too_large"}
-        }
-    else:
-        body = {"detail": detail, "code": "payload_too_large"}
-    response = JsonResponse(body, status=413)
+    # OpenAI's shape on /v1/ (its clients read errors so); JSON on the pages' uploads too.
+    response = api_error_response(path, 413, "payload_too_large", detail, "invalid_request_error") or JsonResponse(
+        {"detail": detail, "code": "payload_too_large"}, status=413
+    )
     response["Connection"] = "close"
     return response
 

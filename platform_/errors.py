@@ -74,6 +74,17 @@ def is_api_path(path: str) -> bool:
     return path.startswith(("/api/", "/v1/", "/metrics/")) or path == "/metrics"
 
 
+def api_error_response(path: str, status: int, code: str, detail: str, openai_type: str) -> JsonResponse | None:
+    """An error as the API path answers it: OpenAI's shape on /v1/ (its compatible endpoints), the
+    platform's {"detail", "code"} elsewhere under the API; None for a page (a person gets HTML)."""
+    if path.startswith("/v1/"):
+        error = {"message": detail, "type": openai_type, "param": None, "code": code}
+        return JsonResponse({"error": error}, status=status)
+    if is_api_path(path):
+        return JsonResponse({"detail": detail, "code": code}, status=status)
+    return None
+
+
 def _bad_request_answer(exception: Exception | None) -> tuple[int, str, str]:
     """(status, code, detail) for what Django refused before any view could (its SuspiciousOperations)."""
     if isinstance(exception, TooManyFieldsSent):
@@ -96,11 +107,8 @@ def json_400(request: Any, exception: Exception | None = None) -> Any:
     foreign Host, ...) answered as JSON naming the problem on API paths (its own HTML page otherwise),
     and with the product's styled 400 page (templates/400.html) for people."""
     status, code, detail = _bad_request_answer(exception)
-    if request.path.startswith("/v1/"):  # OpenAI-compatible endpoints answer in OpenAI's error shape
-        error = {"message": detail, "type": "invalid_request_error", "param": None, "code": code}
-        return JsonResponse({"error": error}, status=status)
-    if is_api_path(request.path):
-        return JsonResponse({"detail": detail, "code": code}, status=status)
+    if (answer := api_error_response(request.path, status, code, detail, "invalid_request_error")) is not None:
+        return answer
     try:
         return defaults.bad_request(request, exception)
     except Exception:  # a request Django refused may be what the page cannot render: never a 500 for it
@@ -132,12 +140,8 @@ def database_unavailable(request: Any) -> Any:
     """503 for a request that could not reach the database: JSON `database_unavailable` on API paths (in
     OpenAI's shape on /v1/), the styled 503 page for people; Retry-After either way."""
     detail = "the database is busy or unreachable; nothing already accepted was lost; try again shortly"
-    if request.path.startswith("/v1/"):
-        error = {"message": detail, "type": "server_error", "param": None, "code": "database_unavailable"}
-        response = JsonResponse({"error": error}, status=503)
-    elif is_api_path(request.path):
-        response = JsonResponse({"detail": detail, "code": "database_unavailable"}, status=503)
-    else:
+    response = api_error_response(request.path, 503, "database_unavailable", detail, "server_error")
+    if response is None:
         try:
             response = HttpResponse(loader.render_to_string("503.html"), status=503)
         except Exception:
@@ -153,11 +157,10 @@ def json_500(request: Any) -> Any:
     A database that could not be reached (Django calls this while handling the exception) is a 503."""
     if isinstance(sys.exc_info()[1], OperationalError | InterfaceError):
         return database_unavailable(request)
-    if request.path.startswith("/v1/"):  # OpenAI-compatible endpoints answer in OpenAI's error shape
-        error = {"message": "internal server error", "type": "server_error", "param": None, "code": "server_error"}
-        return JsonResponse({"error": error}, status=500)
-    if is_api_path(request.path):
-        return JsonResponse({"detail": "internal server error", "code": "server_error"}, status=500)
+    if (
+        answer := api_error_response(request.path, 500, "server_error", "internal server error", "server_error")
+    ) is not None:
+        return answer
     try:
         return defaults.server_error(request)
     except Exception:
