@@ -160,7 +160,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         peer = transport.get_extra_info("peername")
         peer_address = peer[0] if isinstance(peer, tuple | list) and peer else ""
         address = holder(peer_address)
-        refusal = self._admission_refusal(address, trusted=self._limits.trusted(peer_address))
+        refusal = self._admission_refusal(address, peer_address)
         super().connection_made(transport)
         if refusal is not None:
             # Answered and closed at once: the descriptor is freed as soon as the answer is written.
@@ -174,10 +174,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._start_sweeping()
 
     # --- connections per address and per process ----------------------------------------------
-    def _admission_refusal(self, address: str, trusted: bool) -> bytes | None:
+    def _admission_refusal(self, address: str, peer_address: str) -> bytes | None:
         lim = self._limits
         mine = len(self.by_address.get(address, ()))
-        if mine >= lim.max_connections_per_address and not trusted:
+        # A proxy's address is checked only at the limit: every connection would parse it otherwise.
+        if mine >= lim.max_connections_per_address and not lim.trusted(peer_address):
             return canned(
                 429,
                 "Too Many Requests",
@@ -312,11 +313,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         in_headers = self._phase == HEADERS
         if in_headers:
             self._header_bytes += len(data)
-            if self._header_deadline is None and not self._in_flight():
-                # Bytes that start (or never start) the next request on a kept-alive connection cancel
-                # uvicorn's keep-alive timer below; the header clock runs for them. Not while an answer
-                # is still being sent: a 408 must not land in the middle of it.
-                self._header_deadline = self.loop.time() + self._limits.header_timeout_s
+            # Bytes that start (or never start) the next request on a kept-alive connection cancel
+            # uvicorn's keep-alive timer below; the header clock runs for them.
+            self._start_header_clock()
         self._body_in_read = 0
         self._unset_keepalive_if_required()
         try:
@@ -344,6 +343,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 self.logger.info("closing a connection sending %d bytes of framing and no body", self._framing_bytes)
                 self.transport.close()
 
+    def _start_header_clock(self) -> None:
+        """Start the header clock unless it runs already, or an answer is still being sent: a 408 must
+        not land in the middle of it."""
+        if self._header_deadline is None and not self._in_flight():
+            self._header_deadline = self.loop.time() + self._limits.header_timeout_s
+
     def _too_large(self) -> bytes:
         return canned(
             431,
@@ -362,8 +367,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._phase, self._framing_bytes = HEADERS, 0
-        if self._header_deadline is None and not self._in_flight():
-            self._header_deadline = self.loop.time() + self._limits.header_timeout_s
+        self._start_header_clock()
 
     def on_headers_complete(self) -> None:
         lim = self._limits
