@@ -51,6 +51,7 @@ def allows(user, job: Job, access: Access) -> bool:
 
 
 def visible_jobs(user, access: Access = Access.VIEW) -> QuerySet[Job]:
-    """The jobs `user` may do `access` to: their own, and everyone's where the permissions allow."""
-    jobs = Job.objects.select_related("owner", "batch")
+    """The jobs `user` may do `access` to: their own, and everyone's where the permissions allow; newest
+    first, in a stable order, so that pages neither repeat nor skip a job created in the same instant."""
+    jobs = Job.objects.select_related("owner", "batch").order_by("-created_at", "-pk")
     return jobs if reaches_others(user, access) else jobs.filter(owner_id=user.pk)

@@ -73,7 +73,7 @@ def _paged(items: QuerySet, request: HttpRequest, per_page: int) -> tuple[Page, 
 
 
 def _job_page(request: HttpRequest) -> tuple[Page, str]:
-    page, others = _paged(visible_jobs(request.user).order_by("-created_at", "-pk"), request, JOBS_PER_PAGE)
+    page, others = _paged(visible_jobs(request.user), request, JOBS_PER_PAGE)
     now = timezone.now()
     for job in page:
         describe(job, request.user, now)
