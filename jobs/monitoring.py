@@ -182,8 +182,8 @@ def dashboard_for(data: dict[str, Any], user) -> dict[str, Any]:
 
     if reaches_others(user, Access.VIEW):
         return data
-    hidden = sum(1 for job in data.get("jobs", []) if job["owner"] != user.username)
-    data["jobs"] = [job for job in data.get("jobs", []) if job["owner"] == user.username]
+    jobs = data.get("jobs", [])
+    data["jobs"] = [job for job in jobs if job["owner"] == user.username]
     data["offline_users"] = [row for row in data.get("offline_users", []) if row["user"] == user.username]
-    data["jobs_hidden"] = hidden
+    data["jobs_hidden"] = len(jobs) - len(data["jobs"])
     return data
