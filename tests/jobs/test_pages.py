@@ -298,3 +298,10 @@ def test_a_batch_shows_its_batch_id_on_the_list_and_its_page_and_offers_no_retry
     page = text_of(client.get(reverse("jobs:detail", args=[job.pk])).content.decode())
     assert "Batch batch_0123abc (/v1/embeddings)" in page
     assert "Retry" not in page and "Download results (JSON lines)" in page
+
+
+def test_the_job_page_shows_no_template_comment(client, alice):
+    """A multi-line {# #} is not a comment in Django's templates: it showed on the page as text."""
+    client.force_login(alice)
+    job = job_with_rows(alice)
+    assert "{#" not in client.get(f"/jobs/{job.pk}/").content.decode()
