@@ -8,11 +8,13 @@ and marked in it). Every piece of a client's text or a model's answer is escaped
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from inference.registry import get_registry
 from jobs.ingest import in_task_order
 from jobs.models import Job, JobRow, JobStatus
 
@@ -64,6 +66,35 @@ def ahead_texts(standing: Standing) -> tuple[str, str]:
     if standing.chunks_ahead is None or standing.rows_ahead is None:  # past the forecast's horizon
         return "too many to count", "too many to count"
     return count_text(standing.chunks_ahead, "chunk"), count_text(standing.rows_ahead, "row")
+
+
+@dataclass(frozen=True)
+class ScoreMeaning:
+    """What a row's score is for its model's task: the column's heading and a sentence for its tooltip."""
+
+    heading: str
+    help: str
+
+
+# A router's scores are cosine similarities (negative ones included): headed "Score" they read as probabilities.
+_SCORE_MEANINGS = {
+    "router": ScoreMeaning(
+        "Similarity", "cosine similarity between the text and the label's examples, from -1 to 1; not a probability"
+    ),
+    "text-classification": ScoreMeaning("Score", "the model's probability for the label, from 0 to 1"),
+    "question-answering": ScoreMeaning("Score", "the model's confidence in the answer (higher is surer)"),
+}
+_NO_SCORE_MEANING = ScoreMeaning("Score", "the model's score for the row")
+
+
+def task_of(model: str) -> str:
+    """The task of a served model, or "" for a model the models file no longer lists."""
+    spec = get_registry().get(model)
+    return spec.task if spec else ""
+
+
+def score_meaning(task: str) -> ScoreMeaning:
+    return _SCORE_MEANINGS.get(task, _NO_SCORE_MEANING)
 
 
 def _output(row: JobRow) -> dict[str, Any]:
