@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: run test venv deploy-schemas lint smoke clean
+.PHONY: run test venv deploy-schemas browser-checks lint smoke clean
 
 $(BIN)/.installed: requirements.txt requirements-dev.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,12 +22,19 @@ tests/deploy/node_modules/.installed: tests/deploy/package-lock.json
 
 deploy-schemas: tests/deploy/node_modules/.installed
 
+# axe-core (tests/browser/package-lock.json), injected into the pages by the accessibility checks; without
+# node, those checks skip and say why.
+tests/browser/node_modules/.installed: tests/browser/package-lock.json
+	if command -v npm >/dev/null 2>&1; then npm ci --prefix tests/browser --no-audit --no-fund && touch $@; fi
+
+browser-checks: tests/browser/node_modules/.installed
+
 ## Start Redis (if REDIS_URL does not answer), web, online and offline workers and Flower; Ctrl-C stops all.
 run: venv
 	$(BIN)/python scripts/run.py
 
 ## Run the whole test suite on real Redis, real worker processes and a real database.
-test: venv deploy-schemas
+test: venv deploy-schemas browser-checks
 	$(BIN)/python -m pytest
 
 lint: venv
