@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import re
+
 from django import forms
 
 from inference.registry import get_registry
 from inference.task_io import input_fields
-from jobs.ingest import column_field
+from jobs.ingest import COLUMN_FIELDS, IngestError, column_field
 from jobs.models import Priority
+
+# Upload field names as the API's messages write them (`question_column`): the page says its labels instead.
+_FIELD_NAME = re.compile(r"\b[a-z]+_column\b")
+
+
+def default_column(upload_field: str) -> str:
+    """The column an empty `<field>_column` means: the input field's own name ("question_column" -> "question"),
+    the rule by which the API reads an empty text_column as "text"."""
+    return upload_field.removesuffix("_column")
 
 
 class UploadForm(forms.Form):
@@ -23,21 +34,23 @@ class UploadForm(forms.Form):
     )
     # Choice errors name the choices, not the value sent (Django's own would echo a value of any size).
     model = forms.ChoiceField(error_messages={"invalid_choice": "choose one of the served models"})
-    # Left blank, the text column is "text"; not prefilled, so that a question-answering upload (which
-    # refuses a text column) does not carry one the person never typed.
+    # A column field left blank means its default (`default_column`, shown as the placeholder). Not prefilled,
+    # so that a question-answering upload (which refuses a text column) does not carry one the person never typed.
     text_column = forms.CharField(
         required=False,
         max_length=255,
         help_text="the header of the column to run (default: text); not for question-answering models",
-        widget=forms.TextInput(attrs={"placeholder": "text"}),
     )
     question_column = forms.CharField(
-        required=False, max_length=255, help_text="question-answering models: the header of the questions' column"
+        required=False,
+        max_length=255,
+        help_text="question-answering models: the header of the questions' column (default: question)",
     )
     context_column = forms.CharField(
         required=False,
         max_length=255,
-        help_text="question-answering models: the header of the contexts' column (the passages answers come from)",
+        help_text="question-answering models: the header of the contexts' column, the passages answers come from "
+        "(default: context)",
     )
     id_column = forms.CharField(
         required=False, max_length=255, label="ID column", help_text="optional: copied to the results"
@@ -63,6 +76,34 @@ class UploadForm(forms.Form):
         registry = get_registry()
         self.fields["model"].choices = [(name, f"{name} ({registry.get(name).task})") for name in registry.names()]
         self.fields["model"].initial = registry.default
+        for name in COLUMN_FIELDS:
+            # What a blank field means, where the person sees it; the page's file check reads it from here too.
+            self.fields[name].widget.attrs["placeholder"] = default_column(name)
+
+    def clean(self) -> dict:
+        """Blank column fields the chosen model reads become their defaults; the ones it does not read stay
+        blank (the API refuses a column a model would not read)."""
+        data = super().clean()
+        spec = get_registry().get(data.get("model") or "")
+        if spec is not None:
+            for name in map(column_field, input_fields(spec.task)):
+                data[name] = data.get(name) or default_column(name)
+        return data
+
+    def add_ingest_error(self, error: IngestError) -> None:
+        """Mark what an IngestError blames: a column field or the model, the form as a whole for a quota, else the
+        file; in the page's words (the fields' labels, not the API's field names)."""
+        field = error.field if error.field in self.fields else None if error.field == "quota" else "file"
+        self.add_error(field, self.in_labels(error.message))
+
+    def in_labels(self, message: str) -> str:
+        """`message` with the API's field names (question_column) written as this form's labels (Question column)."""
+
+        def label(match: re.Match) -> str:
+            name = match.group(0)
+            return str(self[name].label) if name in self.fields else name
+
+        return _FIELD_NAME.sub(label, message)
 
     @property
     def column_fields_by_model(self) -> dict[str, list[str]]:
