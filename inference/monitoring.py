@@ -6,16 +6,17 @@ a second from a worker's main process, the dashboard calls the section on each p
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 from django.conf import settings
 
 from inference.admission import queue_purge
-from inference.keys import WORKERS_KEY, backlog_tokens_key, last_rate_key
+from inference.keys import DISPATCHERS_KEY, WORKERS_KEY, backlog_tokens_key, last_rate_key
 from inference.queues import online_queues, predicted_wait_s
 from inference.registry import get_registry
-from inference.workers import alive_workers
+from inference.workers import alive_workers, live_dispatchers
 from observability.keys import GAUGES_KEY
 
 # A queue with work and no child to do it predicts an infinite wait; a gauge holds a number.
@@ -98,13 +99,34 @@ def trim_slow_log(keep: int | None = None) -> int:
     return SlowRequest.objects.filter(created_at__lte=cutoff[0]).delete()[0]
 
 
+def celery_workers(client, children: list[dict[str, Any]], now: float) -> list[dict[str, Any]]:
+    """The Celery workers alive (one per `celery worker` command: its main process, which dispatches to
+    its pool children), with their queue and how many of the children alive are theirs.
+
+    Flower's "Online workers" counts these, not the children that do the work; the dashboard shows both
+    so the two can be compared (issue 24: Flower's 2 against the dashboard's 3).
+    """
+    raw = client.hgetall(DISPATCHERS_KEY)
+    live = live_dispatchers(raw, settings.DISPATCHER_HEARTBEAT_S, now)
+    return [
+        {
+            "id": key,
+            "queue": json.loads(raw[key]).get("queue"),
+            "processes": sum(1 for child in children if child.get("dispatcher") == key),
+        }
+        for key in sorted(live)
+    ]
+
+
 def dashboard_section(client, now: float) -> dict[str, Any]:
-    """Each online queue, every worker child (with its last heartbeat and start), the slow-request log."""
+    """Each online queue, every worker child (with its last heartbeat and start), the Celery workers
+    those children belong to, the slow-request log."""
     from inference.models import SlowRequest
 
     gauges = {k: float(v) for k, v in client.hgetall(GAUGES_KEY).items()}
     workers = alive_workers(client.hgetall(WORKERS_KEY), settings.WORKER_HEARTBEAT_S, now)
     return {
+        "celery_workers": celery_workers(client, workers, now),
         "online_queues": [
             {
                 "name": name,

@@ -25,11 +25,11 @@ SERIES_S = 15 * 60
 SERIES_STEP_S = 5
 NOW_S = 5  # "now" rates: the last few seconds, so a tile follows a load step within seconds
 MINUTE_S = 60
-FLOWER_NOTE = (
-    "Flower shows every queue (Broker tab: each model's online queue and offline) and the workers, but not individual predictions or chunks: "
-    "celery-batches runs a whole batch as one pool job and sends no per-task events. Per-request "
-    "figures are here and in the slow-request log."
-)
+# Findings that name the CPU as what everything waits for. Only these turn the host tiles red: a busy CPU
+# under load is the CPU doing the work, expected and no jam by itself (issue 24: red CPU and load tiles
+# beside a "no jam" verdict). Model compute saturated is the CPU's fault only where there is no GPU.
+CPU_RULES = frozenset({"host_saturated", "cpu_bound_gpu_idle"})
+CPU_RULES_WITHOUT_GPU = frozenset({"compute_saturated"})
 
 
 def _series(client, now: float) -> dict[str, Any]:
@@ -83,14 +83,23 @@ def _per_s(window: metrics.Window) -> dict[str, float]:
     return {c: round(v / window.seconds, 2) for c, v in window.by_status().items()}
 
 
-def _host(gauges: dict[str, float]) -> dict[str, float | None]:
+def _host(gauges: dict[str, float], cpu_findings: list[str]) -> dict[str, Any]:
     cores = gauges.get("gauge|host|cores")
     return {
         "cores": int(cores) if cores else None,
         "cpu_pct": gauges.get("gauge|host|cpu_pct"),
         "load1": gauges.get("gauge|host|load1"),
         "load5": gauges.get("gauge|host|load5"),
+        # The verdict's findings that blame the CPU (their symptoms); empty: a busy CPU is no jam now.
+        "cpu_findings": cpu_findings,
     }
+
+
+def cpu_findings(findings: list[diagnosis.Finding], snapshot: diagnosis.Snapshot) -> list[str]:
+    """The symptoms of the findings that name the CPU as the jam (CPU_RULES, and CPU_RULES_WITHOUT_GPU
+    when no online child reports GPU figures, so that the model runs on the CPU)."""
+    rules = CPU_RULES | (CPU_RULES_WITHOUT_GPU if snapshot.gpu_util_pct is None else frozenset())
+    return [f.symptom for f in findings if f.rule in rules]
 
 
 def dashboard_data(client=None, now: float | None = None) -> dict[str, Any]:
@@ -130,7 +139,7 @@ def dashboard_data(client=None, now: float | None = None) -> dict[str, Any]:
             "offline_rows_per_s": round(snapshot.offline_rows_per_s, 1),
         },
         "requests": {"now": _per_s(recent), "minute": _per_s(minute)},
-        "host": _host(gauges),
+        "host": _host(gauges, cpu_findings(findings, snapshot)),
         "workers": [],
         "jobs": [],
         "slow": [],
@@ -139,7 +148,6 @@ def dashboard_data(client=None, now: float | None = None) -> dict[str, Any]:
             "text": diagnosis.report(snapshot),
             "findings": [f.__dict__ for f in findings],
         },
-        "flower_note": FLOWER_NOTE,
     }
     for section in registry.dashboard_sections():
         data.update(section(client, now))
@@ -163,7 +171,7 @@ def staff_only(view):
 
 @staff_only
 def dashboard(request: HttpRequest) -> HttpResponse:
-    return render(request, "dashboard.html", {"flower_url": settings.FLOWER_URL, "flower_note": FLOWER_NOTE})
+    return render(request, "dashboard.html", {"flower_url": settings.FLOWER_URL})
 
 
 @staff_only

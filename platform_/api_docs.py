@@ -1,5 +1,6 @@
 """The API's schema and its documentation pages (Swagger UI, Redoc): drf-spectacular's views, with their
-OPTIONS answers and errors in the API's JSON.
+OPTIONS answers and errors in the API's JSON, the operations in sections with online inference first,
+and pages of our own around the two UIs (a way back to the product, `lang`, no font from a CDN).
 
 drf-spectacular's pages render with DRF's TemplateHTMLRenderer only, so DRF rendered everything those
 views answer through the page's template: OPTIONS (DRF's metadata) went into the Swagger template
@@ -11,11 +12,79 @@ render the page or the schema now; every other answer is the API's JSON, as on e
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.utils import extend_schema
+from drf_spectacular.views import SCHEMA_KWARGS, SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
+
+# The API's sections, in the order the docs list them. drf-spectacular tagged every operation "api" (the
+# first segment of /api/v1/...) and the predict operation, which a hook adds after the others
+# (inference/api/schema.py), "models": Swagger UI listed predict last, under a section of its own after
+# every other endpoint, although it is what most callers come for. Swagger UI and Redoc list sections in
+# the order of the schema's `tags`, and operations within one in the order of `paths`.
+SECTIONS: list[dict[str, str]] = [
+    {
+        "name": "predict",
+        "description": "Online inference: run inputs through a model and get the answer within the request's "
+        "deadline (POST .../predict), and the models there are with the inputs each takes (GET /models).",
+    },
+    {
+        "name": "jobs",
+        "description": "Offline jobs: upload a CSV or JSON lines file, follow the job, download its results.",
+    },
+    {"name": "account", "description": "Your API token and the secret that signs job callbacks."},
+    {"name": "health", "description": "Liveness and readiness probes (no token needed)."},
+]
+# The section of each first path segment after /api/v1/; a segment not named here is its own section,
+# listed after these.
+_SECTION_OF_SEGMENT = {
+    "models": "predict",
+    "jobs": "jobs",
+    "token": "account",
+    "callback-secret": "account",
+    "health": "health",
+    "ready": "health",
+}
+_FIRST_SEGMENT = re.compile(r"^/api/v\d+/([^/]+)")
+
+
+def _section(path: str) -> str | None:
+    match = _FIRST_SEGMENT.match(path)
+    return _SECTION_OF_SEGMENT.get(match.group(1), match.group(1)) if match else None
+
+
+def order_sections(
+    result: dict[str, Any], generator: Any = None, request: Any = None, public: bool = True
+) -> dict[str, Any]:
+    """Tag each /api/vN/ operation with its section and order sections and paths: predict first.
+
+    A drf-spectacular postprocessing hook's signature, so that it could run for every schema generated;
+    the schema view applies it to the schema it serves (idempotent).
+    """
+    paths: dict[str, Any] = result.get("paths", {})
+    for path, operations in paths.items():
+        section = _section(path)
+        if section is None:
+            continue
+        for operation in operations.values():
+            if isinstance(operation, dict):
+                operation["tags"] = [section]
+    named = [s["name"] for s in SECTIONS]
+    used = {_section(path) for path in paths} - {None}
+    result["tags"] = [s for s in SECTIONS if s["name"] in used] + [{"name": n} for n in sorted(used - set(named))]
+    rank = {tag["name"]: i for i, tag in enumerate(result["tags"])}
+
+    def key(item: tuple[int, str]) -> tuple[int, int, int]:
+        index, path = item
+        # Within a section, the predict operation before the model list that tells what to predict with;
+        # a path outside /api/vN/ last.
+        return (rank.get(_section(path) or "", len(rank)), 0 if path.endswith("/predict") else 1, index)
+
+    result["paths"] = {path: paths[path] for _, path in sorted(enumerate(paths), key=key)}
+    return result
 
 
 class _JsonBesidesThePage:
@@ -28,12 +97,23 @@ class _JsonBesidesThePage:
 
 
 class SchemaView(_JsonBesidesThePage, SpectacularAPIView):
-    """The OpenAPI schema (YAML, or JSON when asked)."""
+    """The OpenAPI schema (YAML, or JSON when asked), in the docs' sections."""
+
+    @extend_schema(**SCHEMA_KWARGS)  # as the base class's get: out of the schema unless SERVE_INCLUDE_SCHEMA
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        response = super().get(request, *args, **kwargs)
+        if response.status_code == 200 and isinstance(response.data, dict):
+            order_sections(response.data)
+        return response
 
 
 class SwaggerView(_JsonBesidesThePage, SpectacularSwaggerView):
-    """Swagger UI over the schema."""
+    """Swagger UI over the schema, under the docs' own header (templates/api_docs/)."""
+
+    template_name = "api_docs/swagger_ui.html"
 
 
 class RedocView(_JsonBesidesThePage, SpectacularRedocView):
-    """Redoc over the schema."""
+    """Redoc over the schema, under the docs' own header (templates/api_docs/)."""
+
+    template_name = "api_docs/redoc.html"
