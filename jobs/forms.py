@@ -8,17 +8,11 @@ from django import forms
 
 from inference.registry import get_registry
 from inference.task_io import input_fields
-from jobs.ingest import COLUMN_FIELDS, IngestError, column_field
+from jobs.ingest import COLUMN_FIELDS, IngestError, column_field, default_column
 from jobs.models import Priority
 
 # Upload field names as the API's messages write them (`question_column`): the page says its labels instead.
 _FIELD_NAME = re.compile(r"\b[a-z]+_column\b")
-
-
-def default_column(upload_field: str) -> str:
-    """The column an empty `<field>_column` means: the input field's own name ("question_column" -> "question"),
-    the rule by which the API reads an empty text_column as "text"."""
-    return upload_field.removesuffix("_column")
 
 
 class UploadForm(forms.Form):

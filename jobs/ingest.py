@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from inference.task_io import INPUT_FIELDS, input_fields, takes_text
+from inference.task_io import INPUT_FIELDS, input_fields
 
 # Decoding happens a block at a time; checking the file's start therefore checks at least the first block's bytes.
 BLOCK_BYTES = 64 * 1024
@@ -102,24 +102,24 @@ COLUMN_FIELDS: tuple[str, ...] = tuple(
 )
 
 
+def default_column(upload_field: str) -> str:
+    """The column an empty `<field>_column` means: the input field's own name ("question_column" ->
+    "question", "text_column" -> "text"). One rule for the API and the upload page's placeholders."""
+    return upload_field.removesuffix("_column")
+
+
 def input_columns(model: str, task: str, given: Mapping[str, str]) -> dict[str, str]:
     """Input field -> CSV column for `model`'s task, from the upload's `<field>_column` values.
 
-    `text_column` may be left out (it means "text"), the other fields may not. A column field the task
-    does not read is refused rather than ignored: a client naming `text_column` for a question-answering
-    model believes a column is read that is not.
+    A column field left out means the column named like the field (default_column). A column field the
+    task does not read is refused rather than ignored: a client naming `text_column` for a
+    question-answering model believes a column is read that is not.
     """
     fields = input_fields(task)
     wanted = [column_field(field) for field in fields]
     chosen = {name: (given.get(name) or "").strip() for name in COLUMN_FIELDS}
-    if takes_text(task) and not chosen["text_column"]:
-        chosen["text_column"] = "text"
-    missing = [name for name in wanted if not chosen[name]]
-    if missing:
-        raise IngestError(
-            f"model {shown(model)} (task {task}) needs {' and '.join(wanted)}; missing: {', '.join(missing)}",
-            field=missing[0],
-        )
+    for name in wanted:
+        chosen[name] = chosen[name] or default_column(name)
     extra = [name for name in COLUMN_FIELDS if chosen[name] and name not in wanted]
     if extra:
         raise IngestError(

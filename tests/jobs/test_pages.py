@@ -235,7 +235,8 @@ def test_a_waiting_job_shows_its_priority_and_where_it_stands(client, alice, own
 
     # The list: each job's priority, why it waits, and how many chunks go before its next one.
     rows = text_of(client.get(reverse("jobs:list-rows")).content.decode())
-    assert f"{mine.filename} router alice Normal Queued waiting: 1 job of higher priority" in rows
+    assert f"{mine.filename} Queued waiting: 1 job of higher priority" in rows
+    assert "router alice Normal" in rows  # model, owner and priority, after the columns a job is followed by
     assert f"{standing.chunks_ahead} chunk" in rows and duration_text(standing.eta_s) in rows
 
     # The high-priority job has nothing ahead of it (bob sees his own job).

@@ -67,15 +67,12 @@ def test_text_tasks_read_text_column_with_its_default():
     assert input_columns("entities", "token-classification", {"text_column": "body"}) == {"text": "body"}
 
 
-def test_question_answering_needs_both_columns_and_names_what_is_missing():
+def test_question_answering_columns_left_out_mean_the_columns_named_like_the_fields():
     given = {"question_column": "q", "context_column": "ctx"}
     assert input_columns("qa", "question-answering", given) == {"question": "q", "context": "ctx"}
-    with pytest.raises(IngestError) as caught:
-        input_columns("qa", "question-answering", {"question_column": "q"})
-    assert caught.value.message == (
-        "model 'qa' (task question-answering) needs question_column and context_column; missing: context_column"
-    )
-    assert caught.value.field == "context_column"
+    # As text_column means "text": the page's placeholders say so, and the API takes the same rule.
+    assert input_columns("qa", "question-answering", {"question_column": "q"}) == {"question": "q", "context": "context"}
+    assert input_columns("qa", "question-answering", {}) == {"question": "question", "context": "context"}
 
 
 def test_a_column_the_task_does_not_read_is_refused_not_ignored():
@@ -167,15 +164,15 @@ def api_upload(api, data: bytes, **fields: str):
 @pytest.mark.parametrize(
     ("fields", "key", "message"),
     [
-        (
+        (  # a column field left out means the column named like it, which this file lacks
             {"model": "qa", "question_column": "q"},
             "context_column",
-            "model 'qa' (task question-answering) needs question_column and context_column; missing: context_column",
+            "context column 'context' not found; the comma-separated header has: 'id', 'q', 'ctx', 'other'",
         ),
         (
             {"model": "qa", "text_column": "q"},
-            "question_column",
-            "model 'qa' (task question-answering) needs question_column and context_column",
+            "text_column",
+            "reads question_column and context_column, not text_column",
         ),
         (
             {"model": "qa", "question_column": "q", "context_column": "ctx", "text_column": "text"},
@@ -447,9 +444,9 @@ def test_token_classification_job_gives_entities_that_are_slices_of_the_text(sta
 def test_live_column_errors_are_400_and_create_nothing(stack):
     data = b"key,question,passage\nk1,Who?,Ada did.\n"
     before = requests.get(f"{stack.url}/api/v1/jobs", headers=stack.headers(), timeout=10).json()["count"]
-    missing = live_upload(stack, data, model="qa", question_column="question")
+    missing = live_upload(stack, data, model="qa", question_column="question")  # context_column means "context"
     assert missing.status_code == 400
-    assert "model 'qa' (task question-answering) needs question_column and context_column" in missing.json()["detail"]
+    assert "context column 'context' not found" in missing.json()["detail"]
     absent = live_upload(stack, data, model="qa", question_column="question", context_column="context")
     assert absent.status_code == 400
     assert "header has: 'key', 'question', 'passage'" in absent.json()["detail"]
