@@ -15,8 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
-from drf_spectacular.views import SCHEMA_KWARGS, SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 
@@ -62,7 +61,7 @@ def order_sections(
     """Tag each /api/vN/ operation with its section and order sections and paths: predict first.
 
     A drf-spectacular postprocessing hook's signature, so that it could run for every schema generated;
-    the schema view applies it to the schema it serves (idempotent).
+    listed in SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"] (idempotent).
     """
     paths: dict[str, Any] = result.get("paths", {})
     for path, operations in paths.items():
@@ -97,14 +96,8 @@ class _JsonBesidesThePage:
 
 
 class SchemaView(_JsonBesidesThePage, SpectacularAPIView):
-    """The OpenAPI schema (YAML, or JSON when asked), in the docs' sections."""
-
-    @extend_schema(**SCHEMA_KWARGS)  # as the base class's get: out of the schema unless SERVE_INCLUDE_SCHEMA
-    def get(self, request: Request, *args: Any, **kwargs: Any) -> Any:
-        response = super().get(request, *args, **kwargs)
-        if response.status_code == 200 and isinstance(response.data, dict):
-            order_sections(response.data)
-        return response
+    """The OpenAPI schema (YAML, or JSON when asked), in the docs' sections (order_sections, a hook in
+    SPECTACULAR_SETTINGS, so `manage.py spectacular` gives the same order)."""
 
 
 class SwaggerView(_JsonBesidesThePage, SpectacularSwaggerView):

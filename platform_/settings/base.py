@@ -144,6 +144,8 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "inference.api.schema.add_predict_endpoint",
+        # The docs' sections, predict first (after the predict endpoint is added).
+        "platform_.api_docs.order_sections",
         # After the others: documents the shared 4xx answers (auth, throttles, limits) on every operation.
         "platform_.schema_errors.add_error_responses",
     ],
