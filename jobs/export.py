@@ -72,6 +72,8 @@ def _entities_text(row: JobRow) -> str:
 
 _JOB: tuple[Column, ...] = (
     ("job", lambda row: str(row.job_id)),
+    # `row` counts from 1 as the pages and the API do; `index` (from 0) stays for the clients that read it.
+    ("row", lambda row: str(row.row_number)),
     ("index", lambda row: str(row.index)),
     ("id", lambda row: neutralise(row.external_id)),
 )
@@ -171,7 +173,7 @@ class JsonlWriter:
     def lines(self, rows: QuerySet[JobRow], block_rows: int = 1000) -> Iterator[str]:
         block: list[str] = []
         for values in rows.values(*self.FIELDS).iterator(chunk_size=2000):
-            values["job"] = values.pop("job_id")
+            values = {"job": values.pop("job_id"), "row": values["index"] + 1, **values}  # row: as pages number it
             block.append(json.dumps(values, ensure_ascii=False, separators=(",", ":")) + "\n")
             if len(block) >= block_rows:
                 yield "".join(block)

@@ -273,7 +273,7 @@ def entities_job(task_models):
 def test_question_answering_export_has_the_answer_and_its_offsets(qa_job):
     (row,) = exported(qa_job)
     assert list(row) == [
-        "job", "index", "id", "question", "context", "status", "answer", "answer_start", "answer_end", "score",
+        "job", "row", "index", "id", "question", "context", "status", "answer", "answer_start", "answer_end", "score",
         "low_confidence", "reviewed", "error", "output",
     ]  # fmt: skip
     assert (row["question"], row["context"], row["answer"]) == ("Who sent it?", CONTEXT, "Ada Lovelace")
@@ -285,7 +285,7 @@ def test_question_answering_export_has_the_answer_and_its_offsets(qa_job):
 def test_token_classification_export_lists_the_entities_readably(entities_job):
     (row,) = exported(entities_job)
     assert list(row) == [
-        "job", "index", "id", "text", "status", "entities", "entity_count", "truncated", "reviewed", "error", "output",
+        "job", "row", "index", "id", "text", "status", "entities", "entity_count", "truncated", "reviewed", "error", "output",
     ]  # fmt: skip
     assert (row["entities"], row["entity_count"], row["truncated"]) == ("PER: Ada Lovelace; LOC: London", "2", "")
     assert json.loads(row["output"]) == ENTITY_OUTPUT
@@ -413,8 +413,8 @@ def test_question_answering_job_answers_with_offsets_into_the_context(stack):
         assert context[answer["start"] : answer["end"]] == answer["answer"], row
         assert row["label"] == "" and row["score"] == pytest.approx(answer["score"])
     exported_rows = {int(r["index"]): r for r in live_export(stack, job["id"])}
-    assert list(exported_rows[0])[:10] == [
-        "job", "index", "id", "question", "context", "status", "answer", "answer_start", "answer_end", "score",
+    assert list(exported_rows[0])[:11] == [
+        "job", "row", "index", "id", "question", "context", "status", "answer", "answer_start", "answer_end", "score",
     ]  # fmt: skip
     first = exported_rows[0]
     assert first["id"] == "k0" and first["question"] == QUESTIONS[0][0]
