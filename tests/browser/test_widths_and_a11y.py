@@ -169,7 +169,9 @@ def axe_violations(page: Any) -> list[str]:
     return [f"{page.url}: {line}" for line in found]
 
 
-@pytest.mark.skipif(not AXE.exists(), reason="axe-core is not installed: `make test` runs `npm ci --prefix tests/browser`")
+@pytest.mark.skipif(
+    not AXE.exists(), reason="axe-core is not installed: `make test` runs `npm ci --prefix tests/browser`"
+)
 def test_product_pages_and_the_admin_review_have_no_serious_accessibility_violations(
     open_browser, stack, review_job, django_db_blocker
 ):
