@@ -23,6 +23,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
+from django.utils.text import capfirst
 from django.views.decorators.http import require_POST
 
 from inference.labels import labels_for
@@ -79,6 +80,8 @@ def rows_url(job_id: int, **filters: str) -> str:
     return reverse("admin:jobs_jobrow_changelist") + "?" + query
 
 
+# The Retry button's title while a job is live (or a batch, whose files are final).
+NO_RETRY = "only an ended job with failed rows can be retried (not a batch)"
 # What staff may change on a job; every other field is the platform's.
 EDITABLE_JOB_FIELDS = ("priority",)
 
@@ -118,6 +121,7 @@ class JobAdmin(admin.ModelAdmin):
                     "status",
                     "standing",
                     "progress_bar",
+                    "retry_shown",
                     "label_summary",
                     "error",
                     "error_details",
@@ -166,6 +170,7 @@ class JobAdmin(admin.ModelAdmin):
         "standing",
         "batch_summary",
         "progress_bar",
+        "retry_shown",
         "label_summary",
         "created",
         "started",
@@ -205,6 +210,15 @@ class JobAdmin(admin.ModelAdmin):
     @admin.display(description="progress")
     def progress_bar(self, job: Job) -> str:
         return progress_html(job)
+
+    @admin.display(description="retry")
+    def retry_shown(self, job: Job) -> str:
+        """Which failed rows a retry runs again, and why the others would only fail again (as the job's page says)."""
+        offer = lifecycle.retry_offer(job)
+        if not job.is_terminal or not (offer.rows or offer.input_rows):
+            return NOT_STORED
+        parts = [f"{offer.rows} row(s) failed at run time: a retry runs them again"] if offer.rows else []
+        return "; ".join([*parts, *([offer.input_note] if offer.input_rows else [])])
 
     @admin.display(description="rows/s", ordering="rows_per_s")
     def rows_per_s_shown(self, job: Job) -> str:
@@ -318,10 +332,19 @@ class JobAdmin(admin.ModelAdmin):
         cancelled = sum(lifecycle.cancel(job) for job in queryset)
         self.message_user(request, f"{cancelled} job(s) cancelled")
 
-    @admin.action(description="Retry failed rows of selected jobs", permissions=["operate"])
+    @admin.action(description="Retry rows of selected jobs that failed at run time", permissions=["operate"])
     def retry_failed_rows(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        rows = sum(lifecycle.retry_failed(job) for job in queryset)
-        self.message_user(request, f"{rows} failed row(s) queued again", messages.SUCCESS if rows else messages.WARNING)
+        rows = left = 0
+        for job in queryset:
+            if job.retryable:  # the rows its retry leaves: failed because of their input (empty text, ...)
+                left += lifecycle.retry_offer(job).input_rows
+            rows += lifecycle.retry_failed(job)
+        note = f"; {left} row(s) that failed because of their input were left: fix the file and upload it again"
+        self.message_user(
+            request,
+            f"{rows} failed row(s) queued again{note if left else ''}",
+            messages.SUCCESS if rows else messages.WARNING,
+        )
 
     @admin.action(description="Export results of selected jobs (CSV)", permissions=["operate"])
     def export_results(self, request: HttpRequest, queryset: QuerySet[Job]) -> StreamingHttpResponse:
@@ -347,10 +370,14 @@ class JobAdmin(admin.ModelAdmin):
 
     def _tools(self, request: HttpRequest, job: Job) -> dict:
         allowed = self.has_operate_permission(request)
+        offer = lifecycle.retry_offer(job)
         return {
             "can_operate": allowed,
             "can_cancel": allowed and not job.is_terminal,
-            "can_retry": allowed and job.retryable,
+            "can_retry": allowed and job.retryable and offer.rows > 0,
+            "retry_rows": offer.rows,
+            # Why the Retry button is off, in its title.
+            "no_retry": lifecycle.no_retry_reason(job, offer) if job.retryable else NO_RETRY,
             "rows_url": rows_url(job.pk),
             "low_confidence_url": rows_url(job.pk, low_confidence__exact="1"),
             "low_confidence_rows": job.rows.filter(low_confidence=True).count(),
@@ -383,10 +410,13 @@ class JobAdmin(admin.ModelAdmin):
             )
             return self._back_to(job)
         requeued = lifecycle.retry_failed(job)
+        job.refresh_from_db()
+        offer = lifecycle.retry_offer(job)  # after the retry: the rows it left
         if requeued:
-            self.message_user(request, f"{requeued} failed row(s) of job {job.pk} queued again.")
+            left = f" {offer.input_note}." if offer.input_rows else ""
+            self.message_user(request, f"{requeued} failed row(s) of job {job.pk} queued again.{left}")
         else:
-            self.message_user(request, f"Job {job.pk} has no failed rows to retry.", messages.WARNING)
+            self.message_user(request, f"{capfirst(lifecycle.no_retry_reason(job, offer))}.", messages.WARNING)
         return self._back_to(job)
 
     def export_view(self, request: HttpRequest, job_id: int) -> StreamingHttpResponse:

@@ -7,13 +7,16 @@ when to call them and sends the messages that follow.
 from __future__ import annotations
 
 import logging
+import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import IO
 
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from inference.registry import ModelSpec, get_registry
@@ -304,6 +307,7 @@ def _write_rows(job: Job, reader: readers.Reader, upload: PartsReader, limits: I
                 inputs=row.inputs,
                 status=status,
                 error=row.error,
+                input_error=bool(row.error),  # a property of the file: a retry would fail it again
             )
         )
         if len(batch) >= limits.batch_rows:
@@ -327,10 +331,80 @@ def cancel(job: Job) -> bool:
     return job.cancel()
 
 
-def retry_failed(job: Job) -> int:
-    """Re-run only the failed rows of an ended job; returns how many rows were queued again.
+@dataclass(frozen=True)
+class RetryOffer:
+    """What a retry of a job would do with its failed rows: those it runs again, and those it leaves."""
 
-    The job ends again once they have run; its callback announces that end only if the outcome changed
+    rows: int  # failed at run time (a worker or model error): may succeed when run again
+    input_rows: int  # failed because of their input (JobRow.input_error): would only fail again
+    input_reasons: str  # their problems, most frequent first: "empty text", or "40 empty text, 5 text too long"
+
+    @property
+    def input_note(self) -> str:
+        """What the person should do about the rows a retry leaves ("" when there are none)."""
+        if not self.input_rows:
+            return ""
+        rows, their = ("1 row", "its") if self.input_rows == 1 else (f"{self.input_rows:,} rows", "their")
+        return f"{rows} failed because of {their} input ({self.input_reasons}): fix the file and upload it again"
+
+
+# Problems named in a RetryOffer's reasons; the rest are counted as "other".
+SHOWN_INPUT_REASONS = 3
+# Distinct error messages read to name them (a long text's message carries its length: many differ).
+READ_INPUT_ERRORS = 50
+
+
+def retry_offer(job: Job) -> RetryOffer:
+    """How many of the job's failed rows a retry would run again, and what is wrong with the others.
+
+    Counted whatever the job's status (after a retry, the rows it left); whether a retry may start at all
+    (an ended job, not a batch) is `Job.retryable`'s to say.
+    """
+    if not job.failed_rows or job.file_format == FileFormat.BATCH:
+        return RetryOffer(0, 0, "")
+    counts = job.rows.filter(status=RowStatus.FAILED).aggregate(
+        run=Count("pk", filter=Q(input_error=False)), input=Count("pk", filter=Q(input_error=True))
+    )
+    reasons = ""
+    if counts["input"]:
+        errors = (
+            job.rows.filter(status=RowStatus.FAILED, input_error=True)
+            .values("error")
+            .annotate(n=Count("pk"))
+            .order_by("-n", "error")[:READ_INPUT_ERRORS]
+        )
+        reasons = _reasons_text(errors, counts["input"])
+    return RetryOffer(counts["run"], counts["input"], reasons)
+
+
+def _reasons_text(errors: Iterable[dict], total: int) -> str:
+    """ "empty text" when the rows share one problem; else "40 empty text, 5 text too long, 2 other"."""
+    kinds: Counter[str] = Counter()
+    for item in errors:
+        # "text too long: 5,012 characters, the limit is 4,096" -> "text too long": one kind whatever the length.
+        kind = re.split(r"[:;]", item["error"], maxsplit=1)[0].strip()[:80] or "no message"
+        kinds[kind] += item["n"]
+    if len(kinds) == 1 and kinds.total() == total:
+        return next(iter(kinds))
+    shown = kinds.most_common(SHOWN_INPUT_REASONS)
+    parts = [f"{n:,} {kind}" for kind, n in shown]
+    if rest := total - sum(n for _, n in shown):
+        parts.append(f"{rest:,} other")
+    return ", ".join(parts)
+
+
+def no_retry_reason(job: Job, offer: RetryOffer) -> str:
+    """Why a retry of an ended job runs no row, for the API's 409 and the page's and admin's messages."""
+    if offer.input_rows:
+        return f"job {job.pk} has no rows that a retry could help: {offer.input_note}"
+    return f"job {job.pk} has no failed rows to retry"
+
+
+def retry_failed(job: Job) -> int:
+    """Re-run the rows of an ended job that failed at run time; returns how many rows were queued again.
+
+    Rows that failed because of their input stay failed (`retry_offer` says how many, and why). The job
+    ends again once the others have run; its callback announces that end only if the outcome changed
     (a retry whose rows all fail again is not announced twice: jobs/callbacks.py, schedule)."""
     requeued, chunks = job.requeue_failed()
     if chunks:

@@ -28,7 +28,8 @@ class JobStatus(models.TextChoices):
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
-    PARTIAL = "partial", "succeeded with failed rows"
+    # Its label keeps the API's word, so that a person can match the page and the admin to the API.
+    PARTIAL = "partial", "Partial (some rows failed)"
     FAILED = "failed"
     CANCELLED = "cancelled"
     # A batch (jobs/batches.py) not finished within its completion window: rows done so far are kept.
@@ -288,10 +289,15 @@ class Job(models.Model):
         the one place that announces a job's end (jobs/signals.py says who listens)."""
         job_ended.send(sender=Job, job=self)
 
-    def requeue_failed(self) -> tuple[int, list[Chunk]]:
-        """An ended job's failed rows -> PENDING, their chunks -> QUEUED, the job -> QUEUED.
+    def rows_to_retry(self) -> models.QuerySet[JobRow]:
+        """Its failed rows that may succeed when run again: those that failed at run time (a worker or model
+        error), not those that failed because of their input (JobRow.input_error), which would fail again."""
+        return self.rows.filter(status=RowStatus.FAILED, input_error=False)
 
-        Returns (rows requeued, chunks to enqueue); (0, []) if the job is live or has no failed rows.
+    def requeue_failed(self) -> tuple[int, list[Chunk]]:
+        """An ended job's rows to retry (`rows_to_retry`) -> PENDING, their chunks -> QUEUED, the job -> QUEUED.
+
+        Returns (rows requeued, chunks to enqueue); (0, []) if the job is live or has no row to retry.
         """
         import bisect
 
@@ -299,10 +305,10 @@ class Job(models.Model):
             job = Job.objects.select_for_update().get(pk=self.pk)
             if not job.is_terminal or job.file_format == FileFormat.BATCH:
                 return 0, []
-            failed = list(job.rows.filter(status=RowStatus.FAILED).values_list("index", flat=True))
+            failed = list(job.rows_to_retry().values_list("index", flat=True))
             if not failed:
                 return 0, []
-            job.rows.filter(status=RowStatus.FAILED).update(status=RowStatus.PENDING, error="")
+            job.rows_to_retry().update(status=RowStatus.PENDING, error="")
             # Chunks are contiguous ranges sorted by first index: find each failed row's chunk by bisection
             # rather than one OR-ed range condition per row (a query that grows with the failures).
             all_chunks = list(job.chunks.order_by("first_index"))
@@ -430,6 +436,10 @@ class JobRow(models.Model):
     score = models.FloatField(null=True, blank=True)
     output = models.JSONField(null=True, blank=True)
     error = models.CharField(max_length=500, blank=True)
+    # Failed because of its input (empty, too long, a missing field), found when the file was read: a retry
+    # would only fail it again, so retries leave it and the job's page says to fix the file instead. A row
+    # that failed at run time (a worker or model error) keeps False and may be retried.
+    input_error = models.BooleanField(default=False)
     # Tokens the model reads for this row, counted at ingest (what the fair share charges, and a batch
     # line's `usage`); 0 for a row that failed at ingest.
     tokens = models.PositiveIntegerField(default=0)

@@ -17,7 +17,10 @@ from django.core.paginator import Page, Paginator
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.defaultfilters import pluralize
 from django.utils import timezone
+from django.utils.functional import SimpleLazyObject
+from django.utils.text import capfirst
 from django.views.decorators.http import require_POST, require_safe
 
 from inference.registry import get_registry
@@ -61,6 +64,9 @@ def describe(job: Job, user, now: datetime | None = None) -> Job:
     may_change = allows(user, job, Access.CHANGE)
     job.can_cancel = may_change and not job.is_terminal
     job.can_retry = may_change and job.retryable
+    # Which failed rows a retry would run and why the others would fail again: counted only where a page shows
+    # it (the job's summary), not for each job of the list.
+    job.retry = SimpleLazyObject(lambda: lifecycle.retry_offer(job))
     job.can_see_rows = allows(user, job, Access.ROWS)
     return job
 
@@ -215,15 +221,21 @@ def job_cancel(request: HttpRequest, pk: int) -> HttpResponse:
 @login_required
 @require_POST
 def job_retry(request: HttpRequest, pk: int) -> HttpResponse:
-    """The Retry-failed button: only the failed rows of an ended job run again (lifecycle.retry_failed, as the API),
-    within the same per-user rate as the API's retry."""
+    """The Retry button: the rows of an ended job that failed at run time run again (lifecycle.retry_failed, as
+    the API), within the same per-user rate as the API's retry; rows that failed because of their input stay."""
     job = get_object_or_404(visible_jobs(request.user, Access.CHANGE), pk=pk)
     if (wait_s := refused_wait_s(RetryThrottle, request)) is not None:
         messages.error(request, f"Job {job.pk} was not retried: {refusal(RetryThrottle(), wait_s)}.")
     elif not job.is_terminal:
         messages.error(request, f"Job {job.pk} is still {job.get_status_display()}; retry it once it has ended.")
     elif requeued := lifecycle.retry_failed(job):
-        messages.success(request, f"Job {job.pk}: {requeued} failed rows queued again.")
+        job.refresh_from_db()
+        left = lifecycle.retry_offer(job).input_note
+        messages.success(
+            request,
+            f"Job {job.pk}: {requeued} failed row{pluralize(requeued)} queued again." + (f" {left}." if left else ""),
+        )
     else:
-        messages.error(request, f"Job {job.pk} has no failed rows to retry.")
+        job.refresh_from_db()
+        messages.error(request, f"{capfirst(lifecycle.no_retry_reason(job, lifecycle.retry_offer(job)))}.")
     return redirect("jobs:detail", pk=job.pk)

@@ -36,6 +36,10 @@ class JobSerializer(serializers.ModelSerializer):
         help_text='why the job does not have every offline worker, e.g. "waiting: 3 jobs of higher priority"; '
         "empty when nothing else competes"
     )
+    elapsed_s = serializers.SerializerMethodField(
+        help_text="seconds the job has run: from its start to its end (or now), less the time it spent ended "
+        "before a retry; null until it starts. `rows_per_s` is its done rows over this time"
+    )
     links = serializers.SerializerMethodField()
     batch_id = serializers.SerializerMethodField(
         help_text="the OpenAI batch (`batch_...`) this job runs, for jobs created by POST /v1/batches; else null"
@@ -54,7 +58,7 @@ class JobSerializer(serializers.ModelSerializer):
             "id", "batch_id", "owner", "model", "priority", "status", "filename", "file_format", "text_column", "input_columns", "id_column", "encoding",
             "delimiter",
             "upload_bytes", "ingested_rows", "ingest_progress",
-            "total_rows", "done_rows", "failed_rows", "progress", "rows_per_s", "eta_s",
+            "total_rows", "done_rows", "failed_rows", "progress", "elapsed_s", "rows_per_s", "eta_s",
             "chunks_ahead", "rows_ahead", "waiting_reason",
             "created_at", "started_at", "finished_at", "error",
             "callback_url", "callback_status", "callback_attempts", "callback_last_status", "links",
@@ -67,6 +71,10 @@ class JobSerializer(serializers.ModelSerializer):
         if job.pk not in cache:
             cache[job.pk] = standing_of(job)
         return cache[job.pk]
+
+    def get_elapsed_s(self, job: Job) -> float | None:
+        elapsed_s = job.elapsed_s()
+        return None if elapsed_s is None else round(elapsed_s, 1)
 
     def get_eta_s(self, job: Job) -> float | None:
         standing = self._standing(job)
@@ -205,10 +213,16 @@ class RowSerializer(serializers.ModelSerializer):
         '{"answer", "start", "end", "score"} (offsets into the context), {"entities", "truncated"}, ...',
     )
 
+    input_error = serializers.BooleanField(
+        read_only=True,
+        help_text="the row failed because of its input (empty, too long, a missing field): a retry leaves it; "
+        "fix the file and upload it again",
+    )
+
     class Meta:
         model = JobRow
         fields = [
-            "index", "external_id", "text", "inputs", "status", "label", "score", "output", "error", "attempts",
-            "low_confidence", "corrected_label",
+            "index", "external_id", "text", "inputs", "status", "label", "score", "output", "error", "input_error",
+            "attempts", "low_confidence", "corrected_label",
         ]  # fmt: skip
         read_only_fields = fields

@@ -191,12 +191,20 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
 
     @extend_schema(
         request=None,
-        responses={200: JobSerializer, 409: OpenApiResponse(description="the job has not ended, or no row failed")},
+        responses={
+            200: JobSerializer,
+            409: OpenApiResponse(
+                description="the job has not ended, is a batch, or has no row a retry could help: `conflict`, or "
+                "`rows_failed_on_input` when its failed rows all failed because of their input (fix the file)"
+            ),
+        },
     )
     @action(detail=True, methods=["post"])
     def retry(self, request: Request, pk: str | None = None) -> Response:
-        """Run an ended job's failed rows again (JOBS_RETRY_RATE per user). The job ends again, and its
-        callback announces that end only if its outcome changed (jobs/callbacks.py, schedule)."""
+        """Run the rows of an ended job that failed at run time again (JOBS_RETRY_RATE per user); rows that
+        failed because of their input (empty, too long) would fail again and are left, counted in
+        `input_failed_rows`. The job ends again, and its callback announces that end only if its outcome
+        changed (jobs/callbacks.py, schedule)."""
         job = self.get_object()
         if not job.is_terminal:
             raise Conflict(f"job {job.pk} is still {job.status}; retry it once it has ended")
@@ -205,7 +213,10 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
                 f"job {job.pk} is a batch: its output and error files are final; submit its failed lines as a new batch"
             )
         requeued = lifecycle.retry_failed(job)
-        if not requeued:
-            raise Conflict(f"job {job.pk} has no failed rows to retry")
         job.refresh_from_db()
-        return Response({**JobSerializer(job, context={"request": request}).data, "requeued_rows": requeued})
+        offer = lifecycle.retry_offer(job)  # after the retry: the failed rows it left
+        if not requeued:
+            code = "rows_failed_on_input" if offer.input_rows else "conflict"
+            raise Conflict(lifecycle.no_retry_reason(job, offer), code)
+        data = JobSerializer(job, context={"request": request}).data
+        return Response({**data, "requeued_rows": requeued, "input_failed_rows": offer.input_rows})

@@ -68,7 +68,7 @@ def api_rows(stack, job_id: int) -> dict[int, dict]:
 
 
 def status_text(page: Any, status: str) -> Any:
-    """The element whose whole text is the status ("Succeeded" matches, "succeeded with failed rows" does not)."""
+    """The element whose whole text is the status ("Succeeded" matches, "Succeeded 3 times" would not)."""
     return page.get_by_text(re.compile(rf"^\s*{status}\s*$", re.I)).first
 
 
@@ -323,35 +323,40 @@ def test_a_waiting_job_says_why_and_when_and_an_ended_one_does_not(open_browser,
     browser.assert_clean()
 
 
-def test_retry_failed_rows_runs_them_again(open_browser, stack, tmp_path, django_db_blocker):
+def test_retry_runs_again_only_the_rows_that_failed_at_run_time(open_browser, stack, tmp_path, django_db_blocker):
+    from tests.jobs.factories import fail_at_run_time
+
     browser = open_browser("tester")
     page = browser.new_page()
     browser.goto(page, "/jobs/")
     job_id = upload(page, write_csv(tmp_path, "gaps.csv", 30, empty_every=10), "router")  # rows 0, 10, 20 empty
-    wait_for_status(page, "(partial|succeeded with failed rows)", timeout_s=60)
+    wait_for_status(page, r"partial \(some rows failed\)", timeout_s=60)
     first = api_rows(stack, job_id)
-    failed = sorted(i for i, row in first.items() if row["status"] == "failed")
-    assert failed == [0, 10, 20] and all(first[i]["attempts"] == 0 for i in failed)
+    empty = sorted(i for i, row in first.items() if row["status"] == "failed")
+    assert empty == [0, 10, 20] and all(first[i]["attempts"] == 0 for i in empty)
+    # Empty texts would only fail again: no Retry, and the page says what would help.
+    note = "3 rows failed because of their input (empty text): fix the file and upload it again"
+    expect(page.locator("#job-summary").get_by_text(note)).to_be_visible()
+    expect(page.get_by_role("button", name=re.compile(r"retry", re.I))).to_have_count(0)
 
-    # What made them fail is put right (as after a bad upstream export): the rows get their text.
-    def give_text() -> None:
-        from jobs.models import JobRow
-
-        for index in failed:
-            JobRow.objects.filter(job_id=job_id, index=index).update(text=f"where is my parcel {index}")
-
-    in_db(django_db_blocker, give_text)
-    page.get_by_role("button", name=re.compile(r"retry", re.I)).click()
-    wait_for_status(page, "succeeded", timeout_s=60)
+    # Three other rows failed at run time (their batch's model raised): those a retry can help.
+    in_db(django_db_blocker, lambda: fail_at_run_time(job_id, [1, 2, 3]))
+    page.reload()
+    page.get_by_role("button", name="Retry 3 failed rows").click()
+    expect(page.get_by_text(f"Job {job_id}: 3 failed rows queued again. {note}.")).to_be_visible()
+    wait_until(lambda: api_job(stack, job_id)["status"] in ENDED, 60, "the retried job to end")
+    wait_for_status(page, r"partial \(some rows failed\)", timeout_s=30)
     again = api_rows(stack, job_id)
-    assert [again[i]["status"] for i in failed] == ["done"] * 3
-    assert [again[i]["attempts"] for i in failed] == [1] * 3  # run once more, by the retry
-    assert [again[i]["label"] for i in failed] == ["shipping"] * 3
+    assert [again[i]["status"] for i in (1, 2, 3)] == ["done"] * 3
+    assert [again[i]["attempts"] for i in (1, 2, 3)] == [2] * 3  # run once more, by the retry
+    assert [(again[i]["status"], again[i]["attempts"]) for i in empty] == [("failed", 0)] * 3  # not run again
     for index, row in first.items():  # rows that had succeeded were not run again
-        if index not in failed:
+        if index not in (*empty, 1, 2, 3):
             assert again[index] == row
     job = api_job(stack, job_id)
-    assert (job["status"], job["done_rows"], job["failed_rows"]) == ("succeeded", 30, 0)
+    assert (job["status"], job["done_rows"], job["failed_rows"]) == ("partial", 27, 3)
+    expect(page.locator("#job-summary").get_by_text(note)).to_be_visible()
+    expect(page.get_by_role("button", name=re.compile(r"retry", re.I))).to_have_count(0)
     browser.assert_clean()
 
 

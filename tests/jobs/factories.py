@@ -26,3 +26,21 @@ def job_with_rows(owner, *, status: str = JobStatus.SUCCEEDED, labels=("billing"
     Chunk.objects.create(job=job, first_index=0, end_index=len(labels), status=ChunkStatus.DONE)
     job.refresh_counts()
     return job
+
+
+def fail_at_run_time(job_id: int, indices, error: str = "inference failed: CUDA out of memory") -> None:
+    """Rows of an ended job as if they had failed at run time, as the runner writes a batch whose model raised
+    (jobs/runner.py, fail_the_rest: status, error, one attempt), and the job's counts, status and message as its
+    end would have set them. A real worker only fails rows this way on a fault no test upload can cause; a
+    row's text is kept, so an empty one fails again when retried (the runner checks a retried row's input)."""
+    job = Job.objects.get(pk=job_id)
+    job.rows.filter(index__in=list(indices)).update(
+        status=RowStatus.FAILED, error=error, input_error=False, attempts=1, label="", score=None, output=None,
+        low_confidence=False,
+    )  # fmt: skip
+    # Counted here, not by refresh_counts: that would also rate the ended job's rows over the time until now.
+    done = job.rows.filter(status=RowStatus.DONE).count()
+    failed = job.rows.filter(status=RowStatus.FAILED).count()
+    status = JobStatus.SUCCEEDED if not failed else JobStatus.PARTIAL if done else JobStatus.FAILED
+    error = f"{failed} of {job.total_rows} rows failed" if failed else ""
+    Job.objects.filter(pk=job_id).update(status=status, done_rows=done, failed_rows=failed, error=error)

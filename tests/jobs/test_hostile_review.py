@@ -256,19 +256,27 @@ def test_concurrent_uploads_cannot_pass_the_uploads_being_read_limit_together(
 # 5. Retry: a rate limit, and no second callback for an end that repeats the first ----------------------
 
 
-def _ended_partial(stack, token: str, **fields) -> dict:
-    """A job whose 4 empty rows fail (and fail again when retried), ended `partial` 96/4."""
+def _ended_partial(stack, django_db_blocker, token: str, **fields) -> dict:
+    """A job ended `partial` 96/4 whose 4 failed rows a retry runs, and which fail again when it does.
+
+    Their texts are empty, which fails them at ingest, and a retry leaves such rows; so they are made
+    failures at run time (tests/jobs/factories.py), and the runner's check of a retried row's input fails
+    them again, as a model error that persists would. Status, counts and message stay as they were."""
+    from tests.jobs.factories import fail_at_run_time
+
     created = upload(stack, make_csv(100, empty_every=25), token=token, **fields)
     assert created.status_code == 202, created.text
     job = wait_for_end(stack, created.json()["id"], token)
     assert (job["status"], job["done_rows"], job["failed_rows"]) == ("partial", 96, 4)
+    with django_db_blocker.unblock():
+        fail_at_run_time(job["id"], [0, 25, 50, 75])
     return job
 
 
 @pytest.mark.integration
 def test_retry_is_throttled_per_user(stack, django_db_blocker):
     name, token = make_user(django_db_blocker, "retrier")
-    job = _ended_partial(stack, token)
+    job = _ended_partial(stack, django_db_blocker, token)
     url = f"{stack.url}/api/v1/jobs/{job['id']}/retry"
     answers = [requests.post(url, headers=auth(token), timeout=10) for _ in range(10)]
     assert answers[0].status_code == 200 and answers[0].json()["requeued_rows"] == 4
@@ -290,7 +298,7 @@ def test_a_retry_that_ends_as_before_is_not_called_back_again(stack, django_db_b
     secret = requests.post(f"{stack.url}/api/v1/callback-secret", headers=auth(token), timeout=10)
     assert secret.status_code == 201, secret.text
     hook: Receiver = receiver(200)
-    job = _ended_partial(stack, token, callback_url=hook.url)
+    job = _ended_partial(stack, django_db_blocker, token, callback_url=hook.url)
     wait_until(lambda: get_job(stack, job["id"], token)["callback_status"] == "delivered", 60, "the first callback")
 
     retried = requests.post(f"{stack.url}/api/v1/jobs/{job['id']}/retry", headers=auth(token), timeout=10)

@@ -134,9 +134,12 @@ def test_cancel_stops_the_job_and_keeps_rows_done_so_far(stack):
     assert again.status_code == 409 and "already ended" in again.json()["detail"]
 
 
-def test_retry_reruns_only_the_failed_rows(stack):
+def test_retry_reruns_only_the_rows_that_failed_at_run_time(stack, django_db_blocker):
+    from tests.jobs.factories import fail_at_run_time
+
     job = upload(stack, make_csv(100, empty_every=25)).json()
     assert wait_for_end(stack, job["id"])["failed_rows"] == 4
+    retry_url = f"{stack.url}/api/v1/jobs/{job['id']}/retry"
 
     def results() -> dict[int, dict]:
         url = f"{stack.url}/api/v1/jobs/{job['id']}/results"
@@ -144,17 +147,29 @@ def test_retry_reruns_only_the_failed_rows(stack):
         return {r["index"]: r for r in page["results"]}
 
     first = results()
-    assert {i for i, r in first.items() if r["attempts"] == 0} == {0, 25, 50, 75}  # failed at ingest, never run
-    response = requests.post(f"{stack.url}/api/v1/jobs/{job['id']}/retry", headers=stack.headers(), timeout=10)
+    empty = {i for i, r in first.items() if r["status"] == "failed"}
+    assert empty == {0, 25, 50, 75} and all(first[i]["input_error"] and first[i]["attempts"] == 0 for i in empty)
+    # Empty texts would only fail again: nothing to retry, and the answer says why and what to do.
+    refused = requests.post(retry_url, headers=stack.headers(), timeout=10)
+    assert refused.status_code == 409 and refused.json()["code"] == "rows_failed_on_input", refused.text
+    assert refused.json()["detail"] == (
+        f"job {job['id']} has no rows that a retry could help: 4 rows failed because of their input (empty text):"
+        " fix the file and upload it again"
+    )
+
+    with django_db_blocker.unblock():  # two rows' batch failed at run time (their model raised)
+        fail_at_run_time(job["id"], [1, 2])
+    response = requests.post(retry_url, headers=stack.headers(), timeout=10)
     assert response.status_code == 200, response.text
-    assert response.json()["requeued_rows"] == 4
+    assert (response.json()["requeued_rows"], response.json()["input_failed_rows"]) == (2, 4)
     again = wait_for_end(stack, job["id"])
     assert (again["status"], again["done_rows"], again["failed_rows"]) == ("partial", 96, 4)
     second = results()
-    for index in (0, 25, 50, 75):  # re-run, and an empty text fails again for the same reason
-        assert second[index]["attempts"] == 1 and second[index]["error"] == "empty text"
+    assert [(second[i]["status"], second[i]["attempts"]) for i in (1, 2)] == [("done", 2)] * 2  # run once more
+    for index in empty:  # not run again: still the file's problem
+        assert (second[index]["attempts"], second[index]["error"]) == (0, "empty text")
     for index, row in first.items():  # rows that had succeeded were not touched
-        if index % 25:
+        if index not in empty | {1, 2}:
             assert second[index] == row
 
 
@@ -164,20 +179,23 @@ def test_the_time_a_job_spent_ended_is_not_in_its_rate_after_a_retry(stack, djan
     from datetime import timedelta
 
     from jobs.models import Job
+    from tests.jobs.factories import fail_at_run_time
 
     job = upload(stack, make_csv(100, empty_every=25)).json()
     first = wait_for_end(stack, job["id"])
-    assert first["rows_per_s"] > 0
+    assert first["rows_per_s"] > 0 and first["elapsed_s"] is not None
     with django_db_blocker.unblock():  # as if the job had ended an hour ago, after the same run
         ended = Job.objects.get(pk=job["id"])
         Job.objects.filter(pk=ended.pk).update(
             started_at=ended.started_at - timedelta(hours=1), finished_at=ended.finished_at - timedelta(hours=1)
         )
+        fail_at_run_time(job["id"], [1, 2, 3])
     retried = requests.post(f"{stack.url}/api/v1/jobs/{job['id']}/retry", headers=stack.headers(), timeout=10)
     assert retried.status_code == 200, retried.text
     again = wait_for_end(stack, job["id"])
     # Without the hour: the same order as the first run's rate (96 rows over a few seconds), not 96 / 3,600 s.
     assert again["rows_per_s"] > 1.0, (first["rows_per_s"], again["rows_per_s"])
+    assert again["elapsed_s"] < first["elapsed_s"] + 60, (first["elapsed_s"], again["elapsed_s"])
 
 
 def test_retry_of_a_running_job_or_one_without_failures_is_409(stack):
