@@ -29,7 +29,7 @@ from django.views.decorators.http import require_POST
 from inference.labels import labels_for
 from jobs import export, lifecycle, quotas, scheduler
 from jobs.batches import batch_object
-from jobs.display import ahead_texts, answer_html, duration_text, input_html, time_left_text
+from jobs.display import ahead_texts, answer_html, duration_text, input_html, score_meaning, task_of, time_left_text
 from jobs.models import TERMINAL, Batch, CallbackSecret, Job, JobRow, JobStatus, RowStatus, UserShare
 
 # One product: the admin is branded as the platform and links back to its pages (templates/admin/base_site.html).
@@ -446,7 +446,10 @@ class CorrectionForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["corrected_label"].choices = correction_choices(self.instance)
+        field = self.fields["corrected_label"]
+        field.choices = correction_choices(self.instance)
+        if self.instance.pk:  # the list shows 50 of these selects: each says which row it corrects (WCAG 4.1.2)
+            field.widget.attrs["aria-label"] = f"Corrected label for row {self.instance.row_number}"
 
 
 def runner_up(row: JobRow) -> tuple[str, float] | None:
@@ -460,6 +463,17 @@ def runner_up(row: JobRow) -> tuple[str, float] | None:
         reverse=True,
     )
     return ranked[1] if len(ranked) >= 2 else None
+
+
+class LabelFilter(admin.AllValuesFieldListFilter):
+    """The model's labels, and rows without one (failed, or a task that answers no label) named as such:
+    Django's own filter showed them as a link with no text."""
+
+    def choices(self, changelist):
+        for choice in super().choices(changelist):
+            if choice["display"] == "":
+                choice = {**choice, "display": "(no label)"}
+            yield choice
 
 
 class RecentJobFilter(admin.RelatedFieldListFilter):
@@ -491,7 +505,7 @@ class JobRowAdmin(admin.ModelAdmin):
     list_filter = [
         "status",
         "low_confidence",
-        "label",
+        ("label", LabelFilter),
         ("reviewed_by", admin.EmptyFieldListFilter),
         ("job", RecentJobFilter),
     ]
@@ -507,12 +521,22 @@ class JobRowAdmin(admin.ModelAdmin):
         ("Review", {"fields": ["corrected_label", "reviewed_by", "reviewed"]}),
         (
             "Details",
-            {"fields": ["index", "external_id", "status", "error", "attempts", "low_confidence", "output_shown"]},
+            {
+                "fields": [
+                    "row_ref",
+                    "external_id",
+                    "status",
+                    "error",
+                    "attempts",
+                    "low_confidence_shown",
+                    "output_shown",
+                ]
+            },
         ),
     ]
     readonly_fields = [
         "job",
-        "index",
+        "row_ref",
         "external_id",
         "text_full",
         "status",
@@ -521,7 +545,7 @@ class JobRowAdmin(admin.ModelAdmin):
         "label",
         "score_shown",
         "runner_up_shown",
-        "low_confidence",
+        "low_confidence_shown",
         "output_shown",
         "reviewed_by",
         "reviewed",
@@ -544,13 +568,16 @@ class JobRowAdmin(admin.ModelAdmin):
         title = f"rows of job {job.pk} ({job.filename or job.model}, {job.model})" if job else "rows to review"
         low = request.GET.get("low_confidence__exact") == "1"
         title = f"Low-confidence {title}" if low else title[0].upper() + title[1:]
-        return super().changelist_view(request, {"title": title, **(extra_context or {})})
+        # What the score column means for this job's model (a router's are similarities, not probabilities).
+        meaning = score_meaning(task_of(job.model)) if job else None
+        context = {"title": title, "score_meaning": meaning}
+        return super().changelist_view(request, {**context, **(extra_context or {})})
 
     # Columns -----------------------------------------------------------------------------------
 
     @admin.display(description="row", ordering="index")
     def row_ref(self, row: JobRow) -> str:
-        return f"#{row.index}"
+        return f"#{row.row_number}"
 
     @admin.display(description="job", ordering="job")
     def job_ref(self, row: JobRow) -> str:
@@ -558,6 +585,8 @@ class JobRowAdmin(admin.ModelAdmin):
 
     @admin.display(description="text")
     def short_text(self, row: JobRow) -> str:
+        if not row.text.strip() and not row.inputs:  # a blank cell read as a missing column, or a layout fault
+            return format_html('<span class="row-muted">{}</span>', "(empty)")
         shown = row.text if len(row.text) <= TEXT_SHOWN_CHARS else row.text[: TEXT_SHOWN_CHARS - 1] + "…"
         return format_html('<span class="row-text" title="{}">{}</span>', row.text[:TEXT_TITLE_CHARS], shown)
 
@@ -575,11 +604,21 @@ class JobRowAdmin(admin.ModelAdmin):
     def score_shown(self, row: JobRow) -> str:
         if row.score is None:
             return NOT_STORED
+        meaning = score_meaning(task_of(row.job.model))
         if row.low_confidence:
             return format_html(
-                '<span class="row-low" title="low confidence: flagged for review">{} ⚑</span>', f"{row.score:.3f}"
+                '<span class="row-low" title="low confidence, flagged for review: {}">{} ⚑</span>',
+                meaning.help,
+                f"{row.score:.3f}",
             )
-        return f"{row.score:.3f}"
+        return format_html('<span title="{}">{}</span>', meaning.help, f"{row.score:.3f}")
+
+    @admin.display(description="low confidence")
+    def low_confidence_shown(self, row: JobRow) -> str:
+        # Words, not the admin's green tick: a tick read as "fine" on the very rows that need a look.
+        if not row.low_confidence:
+            return "no"
+        return format_html('<span class="row-low">yes ⚑</span> (below the model\'s threshold: flagged for review)')
 
     @admin.display(description="runner-up")
     def runner_up_shown(self, row: JobRow) -> str:

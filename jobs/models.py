@@ -459,7 +459,13 @@ class JobRow(models.Model):
         indexes = [models.Index(fields=["job", "status"])]
 
     def __str__(self) -> str:
-        return f"row {self.index} of job {self.job_id}"
+        return f"row {self.row_number} of job {self.job_id}"
+
+    @property
+    def row_number(self) -> int:
+        """The row's number as people and clients see it (page, admin, API `row`, exports): the file's
+        first data row is row 1, as a spreadsheet counts below its header. `index` is its 0-based key."""
+        return self.index + 1
 
 
 class ChunkStatus(models.TextChoices):

@@ -27,7 +27,15 @@ from inference.registry import get_registry
 from jobs import export, lifecycle, quotas, scheduler
 from jobs.api.throttles import JobCreateThrottle, RetryThrottle, refusal, refused_wait_s
 from jobs.api.views import create_from_upload
-from jobs.display import NO_RATE_YET, ahead_texts, answer_html, duration_text, snippet_html, time_left_text
+from jobs.display import (
+    NO_RATE_YET,
+    ahead_texts,
+    answer_html,
+    duration_text,
+    score_meaning,
+    snippet_html,
+    time_left_text,
+)
 from jobs.fairshare import band_rank
 from jobs.forms import UploadForm
 from jobs.ingest import IngestError
@@ -103,9 +111,7 @@ def job_list(request: HttpRequest) -> HttpResponse:
         try:
             job = create_from_upload(request.user, form.cleaned_data, form.cleaned_data["file"])
         except IngestError as error:
-            # The field to blame (a column, the model), the form as a whole for a quota, or the file itself.
-            field = error.field if error.field in form.fields else None if error.field == "quota" else "file"
-            form.add_error(field, error.message)
+            form.add_ingest_error(error)
             status = error.status
         else:
             messages.success(request, f"Job {job.pk} created.")  # what it is doing, the summary says (and keeps saying)
@@ -185,6 +191,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
     context = {
         "job": job,
         "task": spec.task if spec else "",
+        "score": score_meaning(spec.task if spec else ""),
         "rows": rows,
         "others": others,
         # Question-answering, entities and embeddings answer no label: the labels card would only count "(none)".
