@@ -435,5 +435,5 @@ def pending_rows(chunks: list[Chunk]) -> list[JobRow]:
     A deferred field costs a query per row the first time it is read: `status` and `attempts` left
     out cost two SELECTs per row, which was a tenth of the offline child's time.
     """
-    fields = ("pk", "job_id", "index", "text", "inputs", "status", "attempts")
+    fields = ("pk", "job_id", "index", "text", "inputs", "status", "attempts", "input_error")
     return list(JobRow.objects.filter(rows_of(chunks), status=RowStatus.PENDING).only(*fields))

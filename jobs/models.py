@@ -409,7 +409,7 @@ class JobRowQuerySet(models.QuerySet):
 
     def fail(self, rows: list[JobRow]) -> set[int]:
         """PENDING -> FAILED with the error set on each object; returns the jobs no longer running."""
-        return self._write(rows, ["status", "error", "attempts"])
+        return self._write(rows, ["status", "error", "attempts", "input_error"])
 
 
 def _copy_value(field: models.Field, value):

@@ -114,6 +114,7 @@ class ResultWriter:
         failed = [row for i, row in enumerate(self.rows) if i not in self.written]
         for row in failed:
             row.status, row.error, row.attempts = RowStatus.FAILED, error[:500], row.attempts + 1
+            row.input_error = False  # the run failed it, not its input: a retry may succeed
         self.cancelled |= JobRow.objects.fail(failed)
 
 
@@ -206,7 +207,8 @@ def _run_model(model: str, chunk_ids: list[int]) -> None:
         else:
             error = row_error(row.text, settings.JOBS_MAX_TEXT_CHARS)
         if error:
-            row.status, row.error, row.attempts = RowStatus.FAILED, error, row.attempts + 1
+            # Its input fails it (as at ingest, e.g. too many tokens for the model): a retry would too.
+            row.status, row.error, row.attempts, row.input_error = RowStatus.FAILED, error, row.attempts + 1, True
             invalid.append(row)
     JobRow.objects.fail(invalid)
     rows = [row for row in rows if row.status == RowStatus.PENDING]

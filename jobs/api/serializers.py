@@ -213,6 +213,12 @@ class RowSerializer(serializers.ModelSerializer):
         '{"answer", "start", "end", "score"} (offsets into the context), {"entities", "truncated"}, ...',
     )
 
+    row = serializers.IntegerField(
+        source="row_number",
+        read_only=True,
+        help_text="the row's number from 1 (the file's first data row is row 1), as the job page, the admin and "
+        "the exports number it; `index` is the same row from 0",
+    )
     input_error = serializers.BooleanField(
         read_only=True,
         help_text="the row failed because of its input (empty, too long, a missing field): a retry leaves it; "
@@ -222,7 +228,7 @@ class RowSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobRow
         fields = [
-            "index", "external_id", "text", "inputs", "status", "label", "score", "output", "error", "input_error",
+            "row", "index", "external_id", "text", "inputs", "status", "label", "score", "output", "error", "input_error",
             "attempts", "low_confidence", "corrected_label",
         ]  # fmt: skip
         read_only_fields = fields

@@ -147,6 +147,7 @@ def test_retry_reruns_only_the_rows_that_failed_at_run_time(stack, django_db_blo
         return {r["index"]: r for r in page["results"]}
 
     first = results()
+    assert all(r["row"] == r["index"] + 1 for r in first.values())  # numbered from 1, as the page numbers them
     empty = {i for i, r in first.items() if r["status"] == "failed"}
     assert empty == {0, 25, 50, 75} and all(first[i]["input_error"] and first[i]["attempts"] == 0 for i in empty)
     # Empty texts would only fail again: nothing to retry, and the answer says why and what to do.
@@ -171,6 +172,17 @@ def test_retry_reruns_only_the_rows_that_failed_at_run_time(stack, django_db_blo
     for index, row in first.items():  # rows that had succeeded were not touched
         if index not in empty | {1, 2}:
             assert second[index] == row
+
+    # A row taken for a run-time failure whose input fails it anyway (a retried row's input is checked
+    # again) is then known as the file's problem: the next retry leaves it.
+    with django_db_blocker.unblock():
+        fail_at_run_time(job["id"], [0])
+    assert requests.post(retry_url, headers=stack.headers(), timeout=10).status_code == 200
+    wait_for_end(stack, job["id"])
+    third = results()
+    assert (third[0]["status"], third[0]["error"], third[0]["input_error"]) == ("failed", "empty text", True)
+    last = requests.post(retry_url, headers=stack.headers(), timeout=10)
+    assert last.status_code == 409 and last.json()["code"] == "rows_failed_on_input", last.text
 
 
 def test_the_time_a_job_spent_ended_is_not_in_its_rate_after_a_retry(stack, django_db_blocker):

@@ -71,7 +71,10 @@ def test_question_answering_columns_left_out_mean_the_columns_named_like_the_fie
     given = {"question_column": "q", "context_column": "ctx"}
     assert input_columns("qa", "question-answering", given) == {"question": "q", "context": "ctx"}
     # As text_column means "text": the page's placeholders say so, and the API takes the same rule.
-    assert input_columns("qa", "question-answering", {"question_column": "q"}) == {"question": "q", "context": "context"}
+    assert input_columns("qa", "question-answering", {"question_column": "q"}) == {
+        "question": "q",
+        "context": "context",
+    }
     assert input_columns("qa", "question-answering", {}) == {"question": "question", "context": "context"}
 
 
