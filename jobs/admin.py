@@ -618,7 +618,9 @@ class JobRowAdmin(admin.ModelAdmin):
         # Words, not the admin's green tick: a tick read as "fine" on the very rows that need a look.
         if not row.low_confidence:
             return "no"
-        return format_html('<span class="row-low">yes ⚑</span> (below the model\'s threshold: flagged for review)')
+        return format_html(
+            '<span class="row-low">{}</span> {}', "yes ⚑", "(below the model's threshold: flagged for review)"
+        )
 
     @admin.display(description="runner-up")
     def runner_up_shown(self, row: JobRow) -> str:

@@ -382,7 +382,8 @@ def _reasons_text(errors: Iterable[dict], total: int) -> str:
     kinds: Counter[str] = Counter()
     for item in errors:
         # "text too long: 5,012 characters, the limit is 4,096" -> "text too long": one kind whatever the length.
-        kind = re.split(r"[:;]", item["error"], maxsplit=1)[0].strip()[:80] or "no message"
+        # Numbers before the first ":" or ";" ("question is 612 tokens; ...") would make each count a kind of its own.
+        kind = re.sub(r"\d[\d,.]*", "N", re.split(r"[:;]", item["error"], maxsplit=1)[0]).strip()[:80] or "no message"
         kinds[kind] += item["n"]
     if len(kinds) == 1 and kinds.total() == total:
         return next(iter(kinds))

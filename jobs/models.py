@@ -439,7 +439,8 @@ class JobRow(models.Model):
     # Failed because of its input (empty, too long, a missing field), found when the file was read: a retry
     # would only fail it again, so retries leave it and the job's page says to fix the file instead. A row
     # that failed at run time (a worker or model error) keeps False and may be retried.
-    input_error = models.BooleanField(default=False)
+    # db_default too: during a rolling deploy, processes still on the previous code insert rows without it.
+    input_error = models.BooleanField(default=False, db_default=False)
     # Tokens the model reads for this row, counted at ingest (what the fair share charges, and a batch
     # line's `usage`); 0 for a row that failed at ingest.
     tokens = models.PositiveIntegerField(default=0)

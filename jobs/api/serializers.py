@@ -130,14 +130,15 @@ class JobCreateSerializer(serializers.Serializer):
         allow_blank=True,
         default="",
         max_length=255,
-        help_text="question-answering models: the column of questions",
+        help_text="question-answering models: the column of questions (default: question)",
     )
     context_column = serializers.CharField(
         required=False,
         allow_blank=True,
         default="",
         max_length=255,
-        help_text="question-answering models: the column of contexts (passages the answer is taken from)",
+        help_text="question-answering models: the column of contexts, passages the answer is taken from "
+        "(default: context)",
     )
     id_column = serializers.CharField(required=False, allow_blank=True, default="", max_length=255)
     encoding = serializers.CharField(

@@ -22,7 +22,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="jobrow",
             name="input_error",
-            field=models.BooleanField(default=False),
+            field=models.BooleanField(db_default=False, default=False),
         ),
         migrations.RunPython(mark_input_errors, migrations.RunPython.noop),
         migrations.AlterField(

@@ -129,6 +129,13 @@ def test_the_check_honours_the_delimiter_and_marks_only_the_missing_key_of_a_jso
     expect(field(page, "question column")).not_to_have_attribute("aria-invalid", "true")
     expect(page.locator(".field.has-error")).to_have_count(1)
     assert posts == [] and chosen_file(page) == "faq.jsonl"
+    # A JSON lines file's records may differ (the server fails only the rows without the key): the check is
+    # a warning, and the same upload a second time is sent as it is.
+    expect(page.locator(".form-error")).to_contain_text("upload again unchanged")
+    page.get_by_role("button", name=UPLOAD).click()
+    sent = job_of(stack, page)
+    assert sent["model"] == "qa" and sent["input_columns"] == {"question": "question", "context": "context"}
+    browser.goto(page, "/jobs/")
 
     # Detected from the header (semicolons), the CSV's text column is found and the file is sent.
     page.get_by_label(re.compile(r"^\s*model", re.I)).select_option("router")

@@ -171,6 +171,15 @@ def test_one_failed_row_is_said_in_the_singular_and_several_problems_are_counted
     offer = lifecycle.retry_offer(job)
     assert (offer.rows, offer.input_rows, offer.input_reasons) == (1, 2, "1 empty text, 1 text too long")
 
+    # Counts inside a reason do not make kinds of their own: two questions of different lengths are one kind.
+    for index, tokens in ((3, 612), (4, 700)):
+        JobRow.objects.filter(job=job, index=index).update(
+            status=RowStatus.FAILED, input_error=True, error=f"question is {tokens} tokens; the limit is 512"
+        )
+    job.refresh_counts()
+    offer = lifecycle.retry_offer(job)
+    assert offer.input_reasons == "2 question is N tokens, 1 empty text, 1 text too long"
+
 
 def test_the_api_answers_409_naming_the_input_and_retries_only_run_time_failures(api, alice):
     only_input = run_to_end(uploaded(alice))
