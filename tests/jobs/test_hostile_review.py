@@ -115,7 +115,7 @@ def test_staff_reach_other_users_jobs_only_with_the_admins_permissions(stack, dj
         # view_job and view_jobrow: the rows too.
         reader, reader_token = make_user(django_db_blocker, "reader", staff=True, perms=("view_job", "view_jobrow"))
         export = requests.get(f"{base}/results.csv", headers=auth(reader_token), timeout=30)
-        assert export.status_code == 200 and export.text.startswith("job,index,id,text")
+        assert export.status_code == 200 and export.text.startswith("job,row,index,id,text")
 
         # change_job: may cancel it.
         _, changer_token = make_user(django_db_blocker, "changer", staff=True, perms=("change_job",))
