@@ -527,6 +527,7 @@ class JobRowAdmin(admin.ModelAdmin):
                     "external_id",
                     "status",
                     "error",
+                    "failure",
                     "attempts",
                     "low_confidence_shown",
                     "output_shown",
@@ -546,6 +547,7 @@ class JobRowAdmin(admin.ModelAdmin):
         "score_shown",
         "runner_up_shown",
         "low_confidence_shown",
+        "failure",
         "output_shown",
         "reviewed_by",
         "reviewed",
@@ -612,6 +614,15 @@ class JobRowAdmin(admin.ModelAdmin):
                 f"{row.score:.3f}",
             )
         return format_html('<span title="{}">{}</span>', meaning.help, f"{row.score:.3f}")
+
+    @admin.display(description="failed by")
+    def failure(self, row: JobRow) -> str:
+        """Why a retry leaves this row or runs it again (lifecycle.retry_offer draws the same line)."""
+        if row.status != RowStatus.FAILED:
+            return NOT_STORED
+        if row.input_error:
+            return "its input: a retry leaves it (fix the file and upload it again)"
+        return "the run: a retry runs it again"
 
     @admin.display(description="low confidence")
     def low_confidence_shown(self, row: JobRow) -> str:

@@ -395,7 +395,10 @@ def _reasons_text(errors: Iterable[dict], total: int) -> str:
 
 
 def no_retry_reason(job: Job, offer: RetryOffer) -> str:
-    """Why a retry of an ended job runs no row, for the API's 409 and the page's and admin's messages."""
+    """Why a retry of an ended job runs no row, for the API's 409 and the page's and admin's messages.
+    `job` is read after the retry: one that is live again was retried by a concurrent request."""
+    if not job.is_terminal:
+        return f"job {job.pk} is {job.status} again: another retry has just queued its failed rows"
     if offer.input_rows:
         return f"job {job.pk} has no rows that a retry could help: {offer.input_note}"
     return f"job {job.pk} has no failed rows to retry"

@@ -216,7 +216,7 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         job.refresh_from_db()
         offer = lifecycle.retry_offer(job)  # after the retry: the failed rows it left
         if not requeued:
-            code = "rows_failed_on_input" if offer.input_rows else "conflict"
+            code = "rows_failed_on_input" if offer.input_rows and job.is_terminal else "conflict"
             raise Conflict(lifecycle.no_retry_reason(job, offer), code)
         data = JobSerializer(job, context={"request": request}).data
         return Response({**data, "requeued_rows": requeued, "input_failed_rows": offer.input_rows})

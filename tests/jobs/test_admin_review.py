@@ -225,3 +225,19 @@ def test_slow_request_log_rounds_durations_and_shows_seconds(admin_client):
     html = admin_client.get(reverse("admin:inference_slowrequest_changelist")).content.decode()
     assert "2003.5" in html and "12.3" in html and "2003.456" not in html
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", html)
+
+
+def test_a_rows_page_says_in_words_why_it_failed_and_whether_it_is_low_confidence(admin_client):
+    job = job_with_rows(user("alice"))
+    failed = job.rows.get(index=1)
+    JobRow.objects.filter(pk=failed.pk).update(status=RowStatus.FAILED, error="empty text", input_error=True)
+    page = admin_client.get(reverse("admin:jobs_jobrow_change", args=[failed.pk])).content.decode()
+    assert "its input: a retry leaves it" in page
+    JobRow.objects.filter(pk=failed.pk).update(input_error=False, error="inference failed: CUDA out of memory")
+    page = admin_client.get(reverse("admin:jobs_jobrow_change", args=[failed.pk])).content.decode()
+    assert "the run: a retry runs it again" in page
+    # Low confidence in words, not the admin's green tick that read as "fine" on the rows to look at.
+    low = job.rows.get(index=0)
+    JobRow.objects.filter(pk=low.pk).update(low_confidence=True)
+    page = admin_client.get(reverse("admin:jobs_jobrow_change", args=[low.pk])).content.decode()
+    assert "icon-yes.svg" not in page and "flagged for review" in page

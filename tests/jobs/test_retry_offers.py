@@ -295,3 +295,15 @@ def test_every_status_label_carries_the_api_value(client, alice):
     client.force_login(user("reviewer", staff=True))
     listed = text_of(client.get(reverse("admin:jobs_job_changelist")).content.decode())
     assert "Partial (some rows failed)" in listed
+
+
+def test_a_retry_that_loses_the_race_to_another_says_so(alice):
+    """Two retries at once: the second finds the job queued again, and says that rather than "no rows a
+    retry could help" (the job object it checked was read before the first retry queued the rows)."""
+    job = run_to_end(uploaded(alice), fail_at_run_time=(3,))
+    stale = Job.objects.get(pk=job.pk)  # what a concurrent request read before either retry
+    assert lifecycle.retry_failed(job) == 1
+    assert stale.is_terminal and lifecycle.retry_failed(stale) == 0
+    stale.refresh_from_db()
+    reason = lifecycle.no_retry_reason(stale, lifecycle.retry_offer(stale))
+    assert reason == f"job {job.pk} is queued again: another retry has just queued its failed rows"
