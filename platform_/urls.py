@@ -53,6 +53,7 @@ urlpatterns = [
     path("v1/", include("jobs.api.openai_batches")),
     path("v1/", include("inference.api.openai_compat")),
     path("jobs/", include("jobs.urls")),
+    path("", include("accounts.urls")),  # /keys/ (and /usage/): each user's own API keys and consumption
     # Session login for people (browser pages, and API calls from a logged-in browser).
     path("accounts/", include("rest_framework.urls")),
     # drf-spectacular's views, with OPTIONS and errors answered as JSON (platform_/api_docs.py).

@@ -9,6 +9,11 @@ for one Redis GET per second per process, not one per request. Before, it kept w
 whole 30 s cache.
 A token it has to look up is first checked against failed-authentication throttling
 (platform_/auth_throttle.py), and a bad one counts as a failure of the caller's address.
+
+The credential is a DRF token (every scope) or an API key (`ipk_...`, accounts/credentials.py: its
+scopes and model allow-list); either way the caller comes back as a `Caller`. A cached key is also
+refused once its expiry passes, without waiting for the cache. A key's last use is noted in Redis
+(accounts/lastused.py), at most once a minute per process, never in the database on the request.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from django.db import transaction
 from django.middleware.csrf import CsrfViewMiddleware
 from rest_framework.authtoken.models import Token
 
+from accounts import lastused
+from accounts.credentials import Caller, caller_for_key, is_api_key
 from platform_ import auth_throttle
 from platform_.db import run_db
 from platform_.errors import ApiError
@@ -78,14 +85,22 @@ def _unauthenticated(detail: str) -> ApiError:
     return ApiError(401, "not_authenticated", detail, headers={"WWW-Authenticate": "Token"})
 
 
-async def user_for_token(key: str, client_ip: str) -> Any:
+def _caller_for_token(key: str) -> Caller | None:
+    if is_api_key(key):
+        return caller_for_key(key)
+    token = Token.objects.select_related("user").filter(key=key).first()
+    return Caller(user=token.user) if token is not None and token.user.is_active else None
+
+
+async def caller_for_token(key: str, client_ip: str) -> Caller:
     now = time.monotonic()
     await _forget_revoked(now)
     cached = _token_cache.get(key)
-    if cached and cached[0] > now:
+    if cached and cached[0] > now and not cached[1].expired():
+        await lastused.touch(cached[1].key_id)
         return cached[1]
-    token = await run_db(Token.objects.select_related("user").filter(key=key).first)
-    if token is None or not token.user.is_active:
+    caller = await run_db(_caller_for_token, key)
+    if caller is None:
         # Only a failure asks Redis. A token that checks out is accepted even from an address that has
         # failed too often: tenants behind one NAT or proxy share an address, and refusing valid tokens
         # would let one of them lock the others out; a 40-hex-digit key cannot be guessed anyway.
@@ -97,8 +112,14 @@ async def user_for_token(key: str, client_ip: str) -> Any:
         raise _unauthenticated("invalid token")
     if len(_token_cache) >= _TOKEN_CACHE_MAX:
         _token_cache.clear()
-    _token_cache[key] = (now + settings.API_TOKEN_CACHE_S, token.user)
-    return token.user
+    _token_cache[key] = (now + settings.API_TOKEN_CACHE_S, caller)
+    await lastused.touch(caller.key_id)
+    return caller
+
+
+async def user_for_token(key: str, client_ip: str) -> Any:
+    """The user behind a token or key (platform_/bodies.py checks uploads' credentials with it)."""
+    return (await caller_for_token(key, client_ip)).user
 
 
 def _load_session_user(request: Any) -> Any:
@@ -125,8 +146,8 @@ def _enforce_csrf(request: Any) -> None:
         raise ApiError(403, "csrf_failed", f"CSRF failed: {reason.content.decode(errors='replace')[:200]}")
 
 
-async def authenticate(request: Any) -> Any:
-    """The user behind `Authorization: Token <key>` or a session; 401 when neither is there.
+async def authenticate(request: Any) -> Caller:
+    """The caller behind `Authorization: Token <key>` or a session; 401 when neither is there.
 
     `Bearer <key>` is the same token: what OpenAI clients (inference/api/openai_compat.py) send."""
     header = request.headers.get("Authorization", "")
@@ -134,9 +155,9 @@ async def authenticate(request: Any) -> Any:
         scheme, _, key = header.partition(" ")
         if scheme.lower() not in ("token", "bearer") or not key.strip():
             raise _unauthenticated("Authorization header must be 'Token <key>' or 'Bearer <key>'")
-        return await user_for_token(key.strip(), request.META.get("REMOTE_ADDR", ""))
+        return await caller_for_token(key.strip(), request.META.get("REMOTE_ADDR", ""))
     user = await session_user(request)
     if user.is_authenticated:
         _enforce_csrf(request)
-        return user
+        return Caller(user=user)
     raise _unauthenticated("authentication credentials were not provided: send 'Authorization: Token <key>'")

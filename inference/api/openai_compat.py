@@ -29,6 +29,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 
+from accounts.credentials import EMBEDDINGS
 from inference.api.auth import authenticate
 from inference.api.views import (
     call_model,
@@ -276,11 +277,13 @@ def _method(request: HttpRequest, allowed: str) -> None:
 
 async def _embeddings(request: HttpRequest, request_id: str, started_at: float, seen: dict[str, Any]) -> JsonResponse:
     _method(request, "POST")
-    user = await authenticate(request)
+    caller = await authenticate(request)
+    caller.require(EMBEDDINGS)
     payload = await read_json(request)
     checked = parse_embeddings_request(
         payload, get_registry(), max_inputs=settings.ONLINE_MAX_INPUTS, max_chars=settings.ONLINE_MAX_TEXT_CHARS
     )
+    caller.require(EMBEDDINGS, checked.spec.name)
     seen["model"], seen["texts"] = checked.spec.name, checked.texts
     deadline_ms = deadline_ms_of(request)
     try:
@@ -290,7 +293,7 @@ async def _embeddings(request: HttpRequest, request_id: str, started_at: float, 
             deadline_ms,
             request_id,
             started_at,
-            client=str(user.pk),
+            client=str(caller.user.pk),
             caller_key=client_key(request.headers),
         )
     except ApiError as error:

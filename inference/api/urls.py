@@ -1,4 +1,4 @@
-from django.urls import path
+from django.urls import include, path
 
 from inference.api import tokens, views
 
@@ -8,4 +8,5 @@ urlpatterns = [
     path("health", views.health, name="health"),
     path("ready", views.ready, name="ready"),
     path("token/rotate", tokens.rotate_token, name="token-rotate"),
+    path("", include("accounts.api.urls")),  # /api/v1/keys
 ]

@@ -22,6 +22,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from accounts.credentials import PREDICT
 from inference import online
 from inference.admission import Decision
 from inference.api.auth import authenticate
@@ -50,11 +51,14 @@ def server_timing(timing: dict[str, Any]) -> str:
 async def _predict(request: Any, name: str, request_id: str, started_at: float, seen: dict[str, Any]) -> JsonResponse:
     if request.method != "POST":
         raise ApiError(405, "method_not_allowed", f"use POST, not {request.method}", headers={"Allow": "POST"})
-    user = await authenticate(request)
+    caller = await authenticate(request)
+    caller.require(PREDICT)
     registry = get_registry()
     spec = registry.get(name)
     if spec is None:
         raise ApiError(404, "unknown_model", f"unknown model {name!r}; served models: {', '.join(registry.names())}")
+    caller.require(PREDICT, name)
+    user = caller.user
     seen["model"] = name
     payload = await read_json(request)
     texts = validate_inputs(

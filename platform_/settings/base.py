@@ -52,6 +52,7 @@ INSTALLED_APPS = [
     "jobs",
     "observability",
 ]
+    "accounts",
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -436,3 +437,19 @@ AUTOSCALE_KEEPALIVE_S = env.float("AUTOSCALE_KEEPALIVE_S", default=30.0)
 AUTOSCALE_INTERVAL_S = env.float("AUTOSCALE_INTERVAL_S", default=1.0)
 # AUTOSCALE_STALE_S: gauges sampled longer ago than this (seconds) leave the pool as it is.
 AUTOSCALE_STALE_S = env.float("AUTOSCALE_STALE_S", default=5.0)
+
+
+# --- Tenants: API keys, usage metering, quotas and rates (accounts/) -----------------------------------
+# API keys (`ipk_...`) are tried before DRF tokens; a key's scopes are checked by one permission class.
+REST_FRAMEWORK["DEFAULT_AUTHENTICATION_CLASSES"] = [
+    "accounts.authentication.ApiKeyAuthentication",
+    *REST_FRAMEWORK["DEFAULT_AUTHENTICATION_CLASSES"],
+]
+REST_FRAMEWORK["DEFAULT_PERMISSION_CLASSES"] = [
+    *REST_FRAMEWORK["DEFAULT_PERMISSION_CLASSES"],
+    "accounts.scopes.KeyScopes",
+]
+# API_KEY_LAST_USED_RESOLUTION_S: a web process notes a key's use in Redis at most this often.
+API_KEY_LAST_USED_RESOLUTION_S = env.float("API_KEY_LAST_USED_RESOLUTION_S", default=60.0)
+# API_KEY_LAST_USED_FLUSH_S: how often the noted uses are written to the database (ApiKey.last_used_at).
+API_KEY_LAST_USED_FLUSH_S = env.float("API_KEY_LAST_USED_FLUSH_S", default=60.0)

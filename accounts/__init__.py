@@ -1,0 +1,1 @@
+"""Tenants' credentials and consumption: API keys with scopes, usage metering, quotas and rates."""

@@ -1,0 +1,92 @@
+"""API keys: many named keys per user, each with scopes, an optional model allow-list and expiry.
+
+The secret is shown once, when the key is made; only its SHA-256 is stored (a 256-bit random secret
+needs no slow hash: nobody can guess one, and the lookup must stay one indexed read). `prefix` is its
+first characters, shown in lists so a user can tell keys apart.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import datetime
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from accounts.credentials import KEY_PREFIX, PREFIX_SHOWN_CHARS, SCOPES, hash_secret
+
+
+class ApiKeyQuerySet(models.QuerySet):
+    def usable(self, now: datetime | None = None) -> ApiKeyQuerySet:
+        now = now or timezone.now()
+        return self.filter(revoked_at__isnull=True, user__is_active=True).filter(
+            models.Q(expires_at__isnull=True) | models.Q(expires_at__gt=now)
+        )
+
+
+class ApiKey(models.Model):
+    """One named credential of a user."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=PREFIX_SHOWN_CHARS, help_text="the key's first characters, shown")
+    secret_sha256 = models.CharField(max_length=64, unique=True, editable=False)
+    scopes = models.JSONField(default=list, help_text=f"any of {', '.join(SCOPES)}")
+    models_allowed = models.JSONField(
+        default=list, blank=True, help_text="model names this key may call; empty: every model"
+    )
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = ApiKeyQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @classmethod
+    def issue(
+        cls,
+        user,
+        name: str,
+        scopes: list[str],
+        *,
+        models_allowed: list[str] | None = None,
+        expires_at: datetime | None = None,
+    ) -> tuple[ApiKey, str]:
+        """A new key and its secret, which is never stored and so can be shown only now."""
+        key = cls(
+            user=user,
+            name=name,
+            scopes=sorted(set(scopes), key=SCOPES.index),
+            models_allowed=list(models_allowed or []),
+            expires_at=expires_at,
+        )
+        raw = key.new_secret()
+        key.save()
+        return key, raw
+
+    def new_secret(self) -> str:
+        """Give this (unsaved) key a fresh secret; the secret, to show once."""
+        raw = KEY_PREFIX + secrets.token_urlsafe(32)
+        self.prefix, self.secret_sha256 = raw[:PREFIX_SHOWN_CHARS], hash_secret(raw)
+        return raw
+
+    def revoke(self) -> None:
+        if self.revoked_at is None:
+            self.revoked_at = timezone.now()
+            self.save(update_fields=["revoked_at"])
+
+    @property
+    def state(self) -> str:
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= timezone.now():
+            return "expired"
+        return "active"

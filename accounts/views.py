@@ -1,0 +1,42 @@
+"""The keys and usage pages for people: thin views over accounts.models and accounts.usage."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from accounts.forms import NewKeyForm
+from accounts.models import ApiKey
+
+
+@login_required
+@require_http_methods(["GET", "HEAD", "POST"])
+def keys_page(request: HttpRequest) -> HttpResponse:
+    """The user's keys and a form to make one; a new key's secret is shown on this answer only."""
+    form = NewKeyForm(request.POST or None)
+    issued = None
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        key, raw = ApiKey.issue(
+            request.user,
+            data["name"],
+            data["scopes"],
+            models_allowed=data["models_allowed"],
+            expires_at=form.expires_at(),
+        )
+        issued = {"key": key, "secret": raw}
+        form = NewKeyForm()
+    keys = ApiKey.objects.filter(user=request.user)
+    return render(request, "accounts/keys.html", {"form": form, "keys": keys, "issued": issued})
+
+
+@login_required
+@require_POST
+def revoke_key(request: HttpRequest, pk: int) -> HttpResponse:
+    key = get_object_or_404(ApiKey, pk=pk, user=request.user)  # another user's key: 404, as if absent
+    key.revoke()
+    messages.success(request, f"Key “{key.name}” ({key.prefix}…) is revoked: it is refused within seconds.")
+    return redirect("accounts:keys")
