@@ -3,12 +3,16 @@ revoke, change expiry, scopes and models. Revoking or deleting refuses the key w
 
 from __future__ import annotations
 
+import csv
+
 from django import forms
 from django.contrib import admin, messages
+from django.http import HttpResponse
 from django.utils import timezone
 
 from accounts.credentials import SCOPE_CHOICES
-from accounts.models import ApiKey
+from accounts.models import ApiKey, Usage
+from accounts.usage import METRICS
 
 
 class ApiKeyForm(forms.ModelForm):
@@ -44,3 +48,34 @@ class ApiKeyAdmin(admin.ModelAdmin):
         for key in queryset.filter(revoked_at__isnull=True):
             key.revoked_at = timezone.now()
             key.save(update_fields=["revoked_at"])  # each save tells the web processes (post_save)
+
+
+@admin.register(Usage)
+class UsageAdmin(admin.ModelAdmin):
+    """Every user's usage, filterable by day and model; the selection (or all of it) exports as CSV."""
+
+    list_display = ["day", "user", "api_key", "model", "requests", "inputs", "tokens", "job_rows"]
+    list_filter = ["day", "model"]
+    search_fields = ["user__username", "model", "api_key__prefix"]
+    date_hierarchy = "day"
+    actions = ["export_csv"]
+
+    def has_add_permission(self, request) -> bool:
+        return False  # rolled up from the counters, never typed in
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    @admin.action(description="Export the selected usage as CSV")
+    def export_csv(self, request, queryset) -> HttpResponse:
+        response = HttpResponse(content_type="text/csv; charset=utf-8")
+        response["Content-Disposition"] = 'attachment; filename="usage.csv"'
+        writer = csv.writer(response)
+        writer.writerow(["day", "username", "key_prefix", "key_name", "model", *METRICS])
+        for row in queryset.select_related("user", "api_key").order_by("day", "user_id", "model"):
+            key = row.api_key
+            writer.writerow(
+                [row.day, row.user.get_username(), key.prefix if key else "", key.name if key else "", row.model]
+                + [getattr(row, metric) for metric in METRICS]
+            )
+        return response

@@ -9,7 +9,7 @@ class AccountsConfig(AppConfig):
         from django.conf import settings
         from django.db.models.signals import post_delete, post_save
 
-        from accounts import lastused
+        from accounts import lastused, usage
         from accounts.models import ApiKey
         from inference.api import auth
         from observability import registry
@@ -19,3 +19,5 @@ class AccountsConfig(AppConfig):
         post_save.connect(auth.revoked, sender=ApiKey, dispatch_uid="accounts-key-saved")
         post_delete.connect(auth.revoked, sender=ApiKey, dispatch_uid="accounts-key-deleted")
         registry.register_housekeeping(lastused.flush, interval_s=settings.API_KEY_LAST_USED_FLUSH_S)
+        registry.register_housekeeping(usage.flush, interval_s=settings.USAGE_FLUSH_S)
+        registry.register_metric_families(usage.metric_families)

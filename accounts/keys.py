@@ -4,3 +4,12 @@ from __future__ import annotations
 
 # API key id -> epoch seconds of its last use, until the periodic flush writes them to the database.
 LAST_USED_KEY = "accounts:last-used"
+
+
+def usage_day_key(day: object) -> str:
+    """One UTC day's usage counters: `user|key|model|metric` -> count (accounts/usage.py)."""
+    return f"accounts:usage:{day}"
+
+
+# A day's counters being moved into the database: `accounts:usage-flushing:<day>:<run>`.
+USAGE_FLUSHING_PREFIX = "accounts:usage-flushing:"

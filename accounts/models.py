@@ -90,3 +90,28 @@ class ApiKey(models.Model):
         if self.expires_at is not None and self.expires_at <= timezone.now():
             return "expired"
         return "active"
+
+
+class Usage(models.Model):
+    """What one user (through one key, or their token or session: no key) spent on one model on one day (UTC).
+
+    Rolled up from Redis counters (accounts/usage.py) every USAGE_FLUSH_S; never written per request.
+    """
+
+    day = models.DateField()
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="usage")
+    # A deleted key's usage stays its user's, without the key.
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="usage")
+    model = models.CharField(max_length=200)
+    requests = models.BigIntegerField(default=0, help_text="online calls answered (predict, embeddings)")
+    inputs = models.BigIntegerField(default=0, help_text="texts in those calls")
+    tokens = models.BigIntegerField(default=0, help_text="tokens the model read for them, after truncation")
+    job_rows = models.BigIntegerField(default=0, help_text="offline job rows done")
+
+    class Meta:
+        ordering = ["-day", "user_id", "model"]
+        indexes = [models.Index(fields=["user", "day"]), models.Index(fields=["day"])]
+        verbose_name_plural = "usage"
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.user_id} {self.model}"

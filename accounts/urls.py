@@ -8,4 +8,5 @@ app_name = "accounts"
 urlpatterns = [
     path("keys/", views.keys_page, name="keys"),
     path("keys/<int:pk>/revoke/", views.revoke_key, name="revoke"),
+    path("usage/", views.usage_page, name="usage"),
 ]

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
+from rest_framework.exceptions import ValidationError
 
+from accounts import usage
+from accounts.api.usage import date_range
 from accounts.forms import NewKeyForm
 from accounts.models import ApiKey
 
@@ -40,3 +44,23 @@ def revoke_key(request: HttpRequest, pk: int) -> HttpResponse:
     key.revoke()
     messages.success(request, f"Key “{key.name}” ({key.prefix}…) is revoked: it is refused within seconds.")
     return redirect("accounts:keys")
+
+
+@login_required
+@require_http_methods(["GET", "HEAD"])
+def usage_page(request: HttpRequest) -> HttpResponse:
+    """The user's usage per day, model and key; the period from ?start=&end= (default: 30 days)."""
+    error = ""
+    try:
+        first, last = date_range(
+            request.GET.get("start"), request.GET.get("end"), usage._today(), settings.USAGE_MAX_DAYS
+        )
+    except ValidationError as exc:
+        error = "; ".join(str(m) for messages_ in exc.detail.values() for m in messages_)
+        first, last = date_range(None, None, usage._today(), settings.USAGE_MAX_DAYS)
+    context = {
+        "usage": usage.summary(request.user, first, last),
+        "error": error,
+        "flush_s": int(settings.USAGE_FLUSH_S),
+    }
+    return render(request, "accounts/usage.html", context, status=400 if error else 200)

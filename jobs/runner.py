@@ -15,6 +15,7 @@ from typing import Any
 import redis
 from django.conf import settings
 
+from accounts import usage
 from inference import runtime
 from inference.admission import online_in_flight
 from inference.batching import group_by
@@ -54,6 +55,7 @@ class ResultWriter:
         self.cancelled: set[int] = set()
         self._last_progress = 0.0
         self._user_fields: dict[int, str] | None = None  # job id -> its owner's and priority's rows field
+        self._owner_ids: dict[int, int] = {}  # job id -> its owner's id (usage metering), read with the above
 
     def pass_done(self, indices: list[int], outputs: list[Any], passes: list[Any]) -> None:
         updates = []
@@ -81,11 +83,15 @@ class ResultWriter:
         written = sum(1 for row in updates if row.job_id not in self.cancelled)
         done = passes[indices[0]]
         fields = {offline_rows_field(self.model): written, offline_inference_field(self.model): done.end - done.start}
+        rows_by_owner: dict[int, int] = {}
         for row in updates:
             field = None if row.job_id in self.cancelled else self._user_field(row.job_id)
             if field is not None:
                 fields[field] = fields.get(field, 0) + 1
+                owner_id = self._owner_ids[row.job_id]
+                rows_by_owner[owner_id] = rows_by_owner.get(owner_id, 0) + 1
         metrics.record(get_redis(), fields)
+        usage.record_job_rows(get_redis(), rows_by_owner, self.model)  # each owner's metered job rows
         if time.monotonic() - self._last_progress >= _PROGRESS_EVERY_S:
             self.progress()
 
@@ -102,8 +108,11 @@ class ResultWriter:
         """The metric field counting rows per owner and priority (the dashboard's and /metrics' per-user
         figures): read once per batch; a priority changed by staff meanwhile counts from the next batch."""
         if self._user_fields is None:
-            jobs = Job.objects.filter(pk__in=self.job_ids).values_list("pk", "owner__username", "priority")
-            self._user_fields = {pk: offline_user_rows_field(user, priority) for pk, user, priority in jobs}
+            jobs = list(
+                Job.objects.filter(pk__in=self.job_ids).values_list("pk", "owner__username", "priority", "owner_id")
+            )
+            self._user_fields = {pk: offline_user_rows_field(user, priority) for pk, user, priority, _ in jobs}
+            self._owner_ids = {pk: owner_id for pk, _, _, owner_id in jobs}
         return self._user_fields.get(job_id)  # None: the job was deleted meanwhile
 
     def all_cancelled(self) -> bool:

@@ -29,6 +29,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 
+from accounts import usage
 from accounts.credentials import EMBEDDINGS
 from inference.api.auth import authenticate
 from inference.api.views import (
@@ -300,6 +301,9 @@ async def _embeddings(request: HttpRequest, request_id: str, started_at: float, 
         # The tokenizer's 400 names a text (inputs[i]); refusals and failures name no field.
         raise openai_error(error, param="input" if error.code == "invalid_input" else None) from None
     seen["timing"], seen["worker"] = result.timing, result.worker
+    await usage.record(
+        caller.user.pk, caller.key_id, checked.spec.name, inputs=len(checked.texts), tokens=sum(result.tokens)
+    )
     response = JsonResponse(embeddings_body(checked.spec.name, result.outputs, result.tokens, checked.encoding_format))
     response["Server-Timing"] = server_timing(result.timing)
     return response

@@ -22,6 +22,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from accounts import usage
 from accounts.credentials import PREDICT
 from inference import online
 from inference.admission import Decision
@@ -79,6 +80,7 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
         caller_key=client_key(request.headers),
     )
     seen["timing"], seen["worker"] = result.timing, result.worker
+    await usage.record(user.pk, caller.key_id, name, inputs=len(texts), tokens=sum(result.tokens))
     body = {"model": name, "outputs": result.outputs, "timing": result.timing}
     if user.is_staff:
         # The worker child that answered (host:pid), for operators tracing a call across hosts. Tenants

@@ -453,3 +453,7 @@ REST_FRAMEWORK["DEFAULT_PERMISSION_CLASSES"] = [
 API_KEY_LAST_USED_RESOLUTION_S = env.float("API_KEY_LAST_USED_RESOLUTION_S", default=60.0)
 # API_KEY_LAST_USED_FLUSH_S: how often the noted uses are written to the database (ApiKey.last_used_at).
 API_KEY_LAST_USED_FLUSH_S = env.float("API_KEY_LAST_USED_FLUSH_S", default=60.0)
+# USAGE_FLUSH_S: how often the usage counters in Redis are rolled into the database (what users see lags this).
+USAGE_FLUSH_S = env.float("USAGE_FLUSH_S", default=60.0)
+# USAGE_MAX_DAYS: the longest period one usage request (API or page) may cover, in days.
+USAGE_MAX_DAYS = env.int("USAGE_MAX_DAYS", default=366)
