@@ -11,7 +11,7 @@ from django.http import HttpResponse
 from django.utils import timezone
 
 from accounts.credentials import SCOPE_CHOICES
-from accounts.models import ApiKey, Usage
+from accounts.models import ApiKey, Quota, Usage
 from accounts.usage import METRICS
 
 
@@ -79,3 +79,13 @@ class UsageAdmin(admin.ModelAdmin):
                 + [getattr(row, metric) for metric in METRICS]
             )
         return response
+
+
+@admin.register(Quota)
+class QuotaAdmin(admin.ModelAdmin):
+    """Overrides of the default limits (settings QUOTA_*): a user's cover all their calls, a key's that key's.
+    Saved, they apply on every web process within AUTH_REVOCATION_CHECK_S."""
+
+    list_display = ["__str__", "requests_per_s", "burst", "tokens_per_day", "note"]
+    search_fields = ["user__username", "api_key__prefix", "api_key__name", "note"]
+    autocomplete_fields = ["user", "api_key"]

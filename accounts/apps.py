@@ -10,7 +10,7 @@ class AccountsConfig(AppConfig):
         from django.db.models.signals import post_delete, post_save
 
         from accounts import lastused, usage
-        from accounts.models import ApiKey
+        from accounts.models import ApiKey, Quota
         from inference.api import auth
         from observability import registry
 
@@ -18,6 +18,9 @@ class AccountsConfig(AppConfig):
         # credentials within AUTH_REVOCATION_CHECK_S (the same counter DRF tokens and users use).
         post_save.connect(auth.revoked, sender=ApiKey, dispatch_uid="accounts-key-saved")
         post_delete.connect(auth.revoked, sender=ApiKey, dispatch_uid="accounts-key-deleted")
+        # Limits are cached with the credential: a changed override is seen as soon as a revocation is.
+        post_save.connect(auth.revoked, sender=Quota, dispatch_uid="accounts-quota-saved")
+        post_delete.connect(auth.revoked, sender=Quota, dispatch_uid="accounts-quota-deleted")
         registry.register_housekeeping(lastused.flush, interval_s=settings.API_KEY_LAST_USED_FLUSH_S)
         registry.register_housekeeping(usage.flush, interval_s=settings.USAGE_FLUSH_S)
         registry.register_metric_families(usage.metric_families)

@@ -42,6 +42,8 @@ class Caller:
     scopes: frozenset[str] = frozenset(SCOPES)
     models_allowed: tuple[str, ...] = ()
     expires_at: datetime | None = None
+    # The quotas and rates of this caller's online calls (accounts/quotas.Limits), read with the credential.
+    limits: tuple[Any, ...] = ()
 
     def require(self, scope: str, model: str | None = None) -> None:
         # Imported here: DRF imports this module (via the authentication class) while platform_.errors loads.

@@ -13,3 +13,13 @@ def usage_day_key(day: object) -> str:
 
 # A day's counters being moved into the database: `accounts:usage-flushing:<day>:<run>`.
 USAGE_FLUSHING_PREFIX = "accounts:usage-flushing:"
+
+
+def bucket_key(scope: str, owner_id: int) -> str:
+    """A user's or key's token bucket of online calls (accounts/quotas.py): hash {level, at_ms}."""
+    return f"accounts:bucket:{scope}:{owner_id}"
+
+
+def day_tokens_key(day: object) -> str:
+    """One UTC day's tokens per `user:<id>` and `key:<id>`, what the daily token limits are checked against."""
+    return f"accounts:day-tokens:{day}"

@@ -115,3 +115,32 @@ class Usage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.day} {self.user_id} {self.model}"
+
+
+class Quota(models.Model):
+    """Staff's override of the default limits (settings QUOTA_*) for one user or one key.
+
+    A user's limits cover all of their calls together; a key's, in addition, that key's calls. Empty
+    fields keep the default (a key has no default of its own: only its user's limits apply); 0 lifts it.
+    """
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="quota"
+    )
+    api_key = models.OneToOneField(ApiKey, null=True, blank=True, on_delete=models.CASCADE, related_name="quota")
+    requests_per_s = models.FloatField(null=True, blank=True, help_text="sustained online calls per second; 0: none")
+    burst = models.PositiveIntegerField(null=True, blank=True, help_text="calls allowed at once above that rate")
+    tokens_per_day = models.BigIntegerField(null=True, blank=True, help_text="tokens per UTC day; 0: no limit")
+    note = models.CharField(max_length=200, blank=True, help_text="why (a plan, an agreement)")
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(user__isnull=False, api_key__isnull=True)
+                | models.Q(user__isnull=True, api_key__isnull=False),
+                name="quota_for_a_user_or_a_key",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"quota of {self.user or self.api_key}"

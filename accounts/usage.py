@@ -22,7 +22,7 @@ import redis
 from django.db import transaction
 from django.db.models import F
 
-from accounts.keys import USAGE_FLUSHING_PREFIX, usage_day_key
+from accounts.keys import USAGE_FLUSHING_PREFIX, day_tokens_key, usage_day_key
 from observability.keys import TOTAL_KEY
 from platform_.redis import get_async_redis, get_redis
 
@@ -52,9 +52,15 @@ def _queue(pipe: Any, user_id: int, key_id: int | None, model: str, counts: dict
 
 
 async def record(user_id: int, key_id: int | None, model: str, *, inputs: int, tokens: int) -> None:
-    """Count one answered online call (one Redis round trip)."""
+    """Count one answered online call, and its tokens against the daily limits (one Redis round trip)."""
     pipe = get_async_redis().pipeline(transaction=False)
     _queue(pipe, user_id, key_id, model, {"requests": 1, "inputs": inputs, "tokens": tokens})
+    # What the daily token limits (accounts/quotas.py) are checked against, in the same round trip.
+    tokens_key = day_tokens_key(_today())
+    pipe.hincrby(tokens_key, f"user:{user_id}", tokens)
+    if key_id is not None:
+        pipe.hincrby(tokens_key, f"key:{key_id}", tokens)
+    pipe.expire(tokens_key, 2 * 24 * 3600)
     pipe.hincrby(TOTAL_KEY, MODEL_TOKENS_PREFIX + model, tokens)
     pipe.hincrby(TOTAL_KEY, MODEL_INPUTS_PREFIX + model, inputs)
     try:

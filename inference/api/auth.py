@@ -18,6 +18,7 @@ refused once its expiry passes, without waiting for the cache. A key's last use 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from importlib import import_module
@@ -31,7 +32,7 @@ from django.db import transaction
 from django.middleware.csrf import CsrfViewMiddleware
 from rest_framework.authtoken.models import Token
 
-from accounts import lastused
+from accounts import lastused, quotas
 from accounts.credentials import Caller, caller_for_key, is_api_key
 from platform_ import auth_throttle
 from platform_.db import run_db
@@ -87,9 +88,12 @@ def _unauthenticated(detail: str) -> ApiError:
 
 def _caller_for_token(key: str) -> Caller | None:
     if is_api_key(key):
-        return caller_for_key(key)
-    token = Token.objects.select_related("user").filter(key=key).first()
-    return Caller(user=token.user) if token is not None and token.user.is_active else None
+        caller = caller_for_key(key)
+    else:
+        token = Token.objects.select_related("user").filter(key=key).first()
+        caller = Caller(user=token.user) if token is not None and token.user.is_active else None
+    # Read with the credential and cached with it: a quota changed by staff clears the cache (apps.py).
+    return caller and dataclasses.replace(caller, limits=quotas.limits_for(caller.user, caller.key_id))
 
 
 async def caller_for_token(key: str, client_ip: str) -> Caller:
@@ -159,5 +163,5 @@ async def authenticate(request: Any) -> Caller:
     user = await session_user(request)
     if user.is_authenticated:
         _enforce_csrf(request)
-        return Caller(user=user)
+        return Caller(user=user, limits=await run_db(quotas.limits_for, user, None))
     raise _unauthenticated("authentication credentials were not provided: send 'Authorization: Token <key>'")

@@ -29,7 +29,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path, re_path
 from django.views.decorators.csrf import csrf_exempt
 
-from accounts import usage
+from accounts import quotas, usage
 from accounts.credentials import EMBEDDINGS
 from inference.api.auth import authenticate
 from inference.api.views import (
@@ -280,6 +280,7 @@ async def _embeddings(request: HttpRequest, request_id: str, started_at: float, 
     _method(request, "POST")
     caller = await authenticate(request)
     caller.require(EMBEDDINGS)
+    await quotas.admit(caller.limits)
     payload = await read_json(request)
     checked = parse_embeddings_request(
         payload, get_registry(), max_inputs=settings.ONLINE_MAX_INPUTS, max_chars=settings.ONLINE_MAX_TEXT_CHARS

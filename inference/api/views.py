@@ -22,7 +22,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from accounts import usage
+from accounts import quotas, usage
 from accounts.credentials import PREDICT
 from inference import online
 from inference.admission import Decision
@@ -59,6 +59,7 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
     if spec is None:
         raise ApiError(404, "unknown_model", f"unknown model {name!r}; served models: {', '.join(registry.names())}")
     caller.require(PREDICT, name)
+    await quotas.admit(caller.limits)
     user = caller.user
     seen["model"] = name
     payload = await read_json(request)

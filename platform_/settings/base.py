@@ -457,3 +457,10 @@ API_KEY_LAST_USED_FLUSH_S = env.float("API_KEY_LAST_USED_FLUSH_S", default=60.0)
 USAGE_FLUSH_S = env.float("USAGE_FLUSH_S", default=60.0)
 # USAGE_MAX_DAYS: the longest period one usage request (API or page) may cover, in days.
 USAGE_MAX_DAYS = env.int("USAGE_MAX_DAYS", default=366)
+# QUOTA_REQUESTS_PER_S: default sustained online calls (predict, embeddings) per second per user, a token
+# bucket in Redis; 0: no limit. Staff override it per user or per key (admin: Quotas).
+QUOTA_REQUESTS_PER_S = env.float("QUOTA_REQUESTS_PER_S", default=0.0)
+# QUOTA_BURST: default calls a user may make at once above that rate (the bucket's size).
+QUOTA_BURST = env.int("QUOTA_BURST", default=20)
+# QUOTA_TOKENS_PER_DAY: default tokens of online calls per user per UTC day; 0: no limit.
+QUOTA_TOKENS_PER_DAY = env.int("QUOTA_TOKENS_PER_DAY", default=0)
