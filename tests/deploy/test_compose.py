@@ -69,9 +69,13 @@ def test_every_worker_can_be_scaled_out(services):
     assert not any("container_name" in s for s in services.values())
 
 
-def test_web_host_port_is_configurable(services):
-    (port,) = services["web"]["ports"]
+def test_the_api_is_published_only_through_the_proxy_on_a_configurable_port(services):
+    assert "ports" not in services["web"], "web is reached through nginx (`proxy`), never directly"
+    (port,) = services["proxy"]["ports"]
     assert port.startswith("${WEB_PORT:-8000}:"), port
+    # The web believes X-Forwarded-For from nginx's fixed address, and from no one else.
+    address = services["proxy"]["networks"]["default"]["ipv4_address"]
+    assert services["web"]["environment"]["FORWARDED_ALLOW_IPS"] == address
 
 
 def test_every_long_running_service_has_a_healthcheck_and_restarts(services):
