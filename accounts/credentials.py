@@ -45,23 +45,23 @@ class Caller:
     # The quotas and rates of this caller's online calls (accounts/quotas.Limits), read with the credential.
     limits: tuple[Any, ...] = ()
 
+    def refusal(self, scope: str, model: str | None = None) -> tuple[str, str] | None:
+        """(code, detail) of the 403 this caller gets for `scope` on `model`; None when allowed."""
+        if scope not in self.scopes:
+            have = ", ".join(sorted(self.scopes)) or "none"
+            return "scope_missing", f"this API key ({self.key_prefix}…) lacks the {scope!r} scope; its scopes: {have}"
+        if model is not None and self.models_allowed and model not in self.models_allowed:
+            allowed = ", ".join(self.models_allowed)
+            return "model_not_allowed", f"this API key ({self.key_prefix}…) may call only {allowed}, not {model!r}"
+        return None
+
     def require(self, scope: str, model: str | None = None) -> None:
+        """Raise the API's 403 (async views) unless this caller may use `scope` on `model`."""
         # Imported here: DRF imports this module (via the authentication class) while platform_.errors loads.
         from platform_.errors import ApiError
 
-        if scope not in self.scopes:
-            raise ApiError(
-                403,
-                "scope_missing",
-                f"this API key ({self.key_prefix}…) lacks the {scope!r} scope; its scopes: "
-                f"{', '.join(sorted(self.scopes)) or 'none'}",
-            )
-        if model is not None and self.models_allowed and model not in self.models_allowed:
-            raise ApiError(
-                403,
-                "model_not_allowed",
-                f"this API key ({self.key_prefix}…) may call only {', '.join(self.models_allowed)}, not {model!r}",
-            )
+        if (refused := self.refusal(scope, model)) is not None:
+            raise ApiError(403, *refused)
 
     def expired(self, now: datetime | None = None) -> bool:
         return self.expires_at is not None and self.expires_at <= (now or timezone.now())

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rest_framework import permissions
+from rest_framework import exceptions, permissions
 
 from accounts.credentials import JOBS_READ, JOBS_WRITE, Caller
 
@@ -49,3 +49,11 @@ class KeyScopes(permissions.BasePermission):
             return True
         self.message = f"this API key ({caller.key_prefix}…) lacks the {scope!r} scope"
         return False
+
+
+def require_model(request: Any, scope: str, model: str) -> None:
+    """In a DRF view: 403 when the caller's API key may not use `scope` on `model` (its allow-list)."""
+    caller = request.auth
+    if isinstance(caller, Caller) and (refused := caller.refusal(scope, model)) is not None:
+        code, detail = refused
+        raise exceptions.PermissionDenied(detail, code)

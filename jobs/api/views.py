@@ -14,6 +14,8 @@ from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from accounts.credentials import JOBS_WRITE
+from accounts.scopes import require_model
 from inference.registry import get_registry
 from jobs import export, lifecycle
 from jobs.api.serializers import JobCreateSerializer, JobSerializer, RowSerializer
@@ -144,6 +146,8 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         # Bodies far over the limit never get here: platform_/asgi.py refuses them from Content-Length.
         form = JobCreateSerializer(data=request.data, context={"request": request})
         form.is_valid(raise_exception=True)
+        # An API key's model allow-list holds for its jobs as for its online calls.
+        require_model(request, JOBS_WRITE, form.validated_data.get("model") or get_registry().default)
         try:
             job = create_from_upload(request.user, form.validated_data, form.validated_data["file"])
         except IngestError as error:

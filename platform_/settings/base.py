@@ -51,8 +51,8 @@ INSTALLED_APPS = [
     "inference",
     "jobs",
     "observability",
-]
     "accounts",
+]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -464,3 +464,6 @@ QUOTA_REQUESTS_PER_S = env.float("QUOTA_REQUESTS_PER_S", default=0.0)
 QUOTA_BURST = env.int("QUOTA_BURST", default=20)
 # QUOTA_TOKENS_PER_DAY: default tokens of online calls per user per UTC day; 0: no limit.
 QUOTA_TOKENS_PER_DAY = env.int("QUOTA_TOKENS_PER_DAY", default=0)
+# USAGE_METERING: count online calls per user, key, model and day (off: no usage, and no daily token limits;
+# for measuring what metering costs, benchmarks/metering.py).
+USAGE_METERING = env.bool("USAGE_METERING", default=True)

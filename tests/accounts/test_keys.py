@@ -141,3 +141,35 @@ def test_the_keys_page_makes_a_key_shows_it_once_and_revokes_it(alice):
 
 def test_the_keys_page_needs_a_login(client):
     assert client.get("/keys/").status_code == 302
+
+
+def test_a_keys_model_allow_list_holds_for_its_jobs(alice):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    _, raw = ApiKey.issue(alice.user, "router jobs", ["jobs:write", "jobs:read"], models_allowed=["router"])
+    upload = SimpleUploadedFile("a.csv", b"text\nhello\n", content_type="text/csv")
+    refused = key_client(raw).post(
+        "/api/v1/jobs", {"file": upload, "text_column": "text", "model": "embedding"}, format="multipart"
+    )
+    assert refused.status_code == 403
+    assert refused.json()["code"] == "model_not_allowed" and "may call only router" in refused.json()["detail"]
+
+
+def test_staff_make_a_key_for_a_user_in_the_admin_and_see_its_secret_once(make_user, client, own_redis):
+    staff = make_user("boss", is_staff=True, is_superuser=True)
+    bob = make_user("bob")
+    client.force_login(staff)
+    made = client.post(
+        "/admin/accounts/apikey/add/",
+        {"user": bob.pk, "name": "bob's ci", "scopes": ["predict", "jobs:read"], "models_allowed": "[]"},
+        follow=True,
+    )
+    assert made.status_code == 200
+    key = ApiKey.objects.get(user=bob)
+    shown = [str(m) for m in made.context["messages"]]
+    secret = next(m for m in shown if "copy it now" in m).split(": ")[1].split(" ")[0]
+    assert secret.startswith(key.prefix) and key.scopes == ["predict", "jobs:read"]
+    assert key_client(secret).get("/api/v1/jobs").status_code == 200
+    client.post("/admin/accounts/apikey/", {"action": "revoke", "_selected_action": [key.pk]})
+    key.refresh_from_db()
+    assert key.state == "revoked" and key_client(secret).get("/api/v1/jobs").status_code == 401
