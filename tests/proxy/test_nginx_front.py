@@ -142,19 +142,31 @@ def test_a_flood_of_400_connections_a_second_that_hang_up_leaves_another_clients
 
 
 def test_per_address_request_rate_is_answered_429_json_with_retry_after(front):
-    client = _source_session("127.0.0.4")
+    # Burst 100, then 50 a second: eight clients on one address, each sending as fast as it is answered,
+    # pass that on any machine (a client alone, on a loaded one, might not outpace 50 a second).
     statuses: list[int] = []
-    refused = None
-    # Burst 100 and 50 a second: 300 requests as fast as one client sends them pass the burst.
-    for _ in range(300):
-        answer = client.get(f"{front.url}/api/v1/health", timeout=10)
-        statuses.append(answer.status_code)
-        if answer.status_code == 429 and refused is None:
-            refused = answer
-    assert statuses.count(200) >= 100 and refused is not None, statuses
-    assert refused.headers["Content-Type"] == "application/json"
-    assert int(refused.headers["Retry-After"]) >= 1
-    assert refused.json()["code"] == "rate_limited"
+    refused: list[requests.Response] = []
+
+    def one_client() -> None:
+        client = _source_session("127.0.0.4")
+        for _ in range(150):
+            if refused:
+                return
+            answer = client.get(f"{front.url}/api/v1/health", timeout=10)
+            statuses.append(answer.status_code)
+            if answer.status_code == 429:
+                refused.append(answer)
+
+    clients = [threading.Thread(target=one_client) for _ in range(8)]
+    for client in clients:
+        client.start()
+    for client in clients:
+        client.join()
+    assert statuses.count(200) >= 100 and refused, statuses
+    answer = refused[0]
+    assert answer.headers["Content-Type"] == "application/json"
+    assert int(answer.headers["Retry-After"]) >= 1
+    assert answer.json()["code"] == "rate_limited"
     # Another address is not limited by this one's flood.
     assert _source_session("127.0.0.8").get(f"{front.url}/api/v1/health", timeout=10).status_code == 200
 
