@@ -96,13 +96,13 @@ async def record(user_id: int, key_id: int | None, model: str, *, inputs: int, t
         logger.warning("usage of user %s on %s not counted: Redis unavailable", user_id, model)
 
 
-def record_job_rows(client: Any, rows_by_owner: dict[int, int], model: str) -> None:
-    """Count offline rows done, per job owner (offline workers, once per forward pass)."""
-    if not rows_by_owner:
+def record_job_rows(client: Any, rows_by_owner: dict[tuple[int, int | None], int], model: str) -> None:
+    """Count offline rows done, per (job owner, the API key the job was made with), once per forward pass."""
+    if not rows_by_owner or not settings.USAGE_METERING:
         return
     pipe = client.pipeline(transaction=False)
-    for owner_id, rows in rows_by_owner.items():
-        _queue(pipe, owner_id, None, model, {"job_rows": rows})
+    for (owner_id, key_id), rows in rows_by_owner.items():
+        _queue(pipe, owner_id, key_id, model, {"job_rows": rows})
     pipe.execute()
 
 

@@ -57,6 +57,7 @@ def create_job(
     callback_url: str = "",
     priority: str = Priority.NORMAL,
     file_format: str = FileFormat.CSV,
+    api_key_id: int | None = None,
 ) -> Job:
     """Check the file's start, store it and queue its ingest; the job answers `ingesting`.
 
@@ -86,6 +87,7 @@ def create_job(
         check_admission(owner, share)
         job = Job.objects.create(
             owner=owner,
+            api_key_id=api_key_id,
             model=model,
             filename=filename[:255],
             text_column="" if structured else mapping["text"],

@@ -68,6 +68,11 @@ class Job(models.Model):
     """One uploaded file (CSV, JSON lines, or a batch's request lines) run through one model."""
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs")
+    # The API key the job was created with (None: a token, a session or the page): its rows are metered
+    # against that key (accounts/usage.py). A deleted key leaves the job its owner's.
+    api_key = models.ForeignKey(
+        "accounts.ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs", editable=False
+    )
     model = models.CharField(max_length=100)
     priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL, db_index=True)
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING, db_index=True)

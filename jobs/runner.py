@@ -55,7 +55,7 @@ class ResultWriter:
         self.cancelled: set[int] = set()
         self._last_progress = 0.0
         self._user_fields: dict[int, str] | None = None  # job id -> its owner's and priority's rows field
-        self._owner_ids: dict[int, int] = {}  # job id -> its owner's id (usage metering), read with the above
+        self._owners: dict[int, tuple[int, int | None]] = {}  # job id -> (owner id, API key id): usage metering
 
     def pass_done(self, indices: list[int], outputs: list[Any], passes: list[Any]) -> None:
         updates = []
@@ -83,13 +83,13 @@ class ResultWriter:
         written = sum(1 for row in updates if row.job_id not in self.cancelled)
         done = passes[indices[0]]
         fields = {offline_rows_field(self.model): written, offline_inference_field(self.model): done.end - done.start}
-        rows_by_owner: dict[int, int] = {}
+        rows_by_owner: dict[tuple[int, int | None], int] = {}
         for row in updates:
             field = None if row.job_id in self.cancelled else self._user_field(row.job_id)
             if field is not None:
                 fields[field] = fields.get(field, 0) + 1
-                owner_id = self._owner_ids[row.job_id]
-                rows_by_owner[owner_id] = rows_by_owner.get(owner_id, 0) + 1
+                owner = self._owners[row.job_id]
+                rows_by_owner[owner] = rows_by_owner.get(owner, 0) + 1
         metrics.record(get_redis(), fields)
         usage.record_job_rows(get_redis(), rows_by_owner, self.model)  # each owner's metered job rows
         if time.monotonic() - self._last_progress >= _PROGRESS_EVERY_S:
@@ -109,10 +109,12 @@ class ResultWriter:
         figures): read once per batch; a priority changed by staff meanwhile counts from the next batch."""
         if self._user_fields is None:
             jobs = list(
-                Job.objects.filter(pk__in=self.job_ids).values_list("pk", "owner__username", "priority", "owner_id")
+                Job.objects.filter(pk__in=self.job_ids).values_list(
+                    "pk", "owner__username", "priority", "owner_id", "api_key_id"
+                )
             )
-            self._user_fields = {pk: offline_user_rows_field(user, priority) for pk, user, priority, _ in jobs}
-            self._owner_ids = {pk: owner_id for pk, _, _, owner_id in jobs}
+            self._user_fields = {pk: offline_user_rows_field(user, priority) for pk, user, priority, _, _ in jobs}
+            self._owners = {pk: (owner_id, key_id) for pk, _, _, owner_id, key_id in jobs}
         return self._user_fields.get(job_id)  # None: the job was deleted meanwhile
 
     def all_cancelled(self) -> bool:

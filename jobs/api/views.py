@@ -77,7 +77,7 @@ def format_of(filename: str) -> str:
     return FileFormat.JSONL if filename.lower().endswith((".jsonl", ".ndjson")) else FileFormat.CSV
 
 
-def create_from_upload(user, data: dict, upload) -> Job:
+def create_from_upload(user, data: dict, upload, api_key_id: int | None = None) -> Job:
     """Shared by the API and the web form: size check, then the file's start; IngestError carries the status.
 
     The job comes back `ingesting`: the rest of the file is read by an offline worker.
@@ -100,6 +100,7 @@ def create_from_upload(user, data: dict, upload) -> Job:
         file_format=data.get("file_format") or format_of(upload.name or ""),
         callback_url=data.get("callback_url") or "",
         priority=data.get("priority") or Priority.NORMAL,
+        api_key_id=api_key_id,
     )
 
 
@@ -149,7 +150,9 @@ class JobViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.Retrieve
         # An API key's model allow-list holds for its jobs as for its online calls.
         require_model(request, JOBS_WRITE, form.validated_data.get("model") or get_registry().default)
         try:
-            job = create_from_upload(request.user, form.validated_data, form.validated_data["file"])
+            job = create_from_upload(
+                request.user, form.validated_data, form.validated_data["file"], getattr(request.auth, "key_id", None)
+            )
         except IngestError as error:
             raise job_create_refusal(error) from None
         # 202: the file's start is checked; the rest is read by a worker (status `ingesting`, then queued).

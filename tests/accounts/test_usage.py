@@ -37,7 +37,7 @@ def test_calls_are_counted_in_redis_and_rolled_into_rows_per_key_and_model(alice
     key, _ = ApiKey.issue(alice.user, "crawler", ["predict"])
     _count(alice.user, key, "router", calls=3, inputs=2, tokens=11)
     _count(alice.user, None, "router", calls=1, inputs=1, tokens=5)
-    usage.record_job_rows(own_redis, {alice.user.pk: 40}, "sentiment")
+    usage.record_job_rows(own_redis, {(alice.user.pk, None): 40}, "sentiment")
     assert Usage.objects.count() == 0  # nothing in the database per request
     assert usage.flush() == 3
     assert not own_redis.keys(usage_day_key("*")) and not own_redis.keys(

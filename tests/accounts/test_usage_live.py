@@ -57,7 +57,7 @@ def test_a_keys_calls_and_its_users_job_rows_show_in_usage_and_metrics(stack, ow
     router = by["router", key["prefix"]]
     assert (router["requests"], router["inputs"]) == (2, 2) and router["tokens"] > 0
     assert by["embedding", key["prefix"]]["requests"] == 1
-    assert by["router", None]["job_rows"] == 3  # job rows are the user's (jobs are not made per key)
+    assert router["job_rows"] == 3  # the job was made with the key: its rows are the key's
     assert body["totals"]["requests"] == 3
     metrics = requests.get(
         f"{stack.url}/metrics", headers={"Authorization": "Bearer test-metrics-token"}, timeout=10
