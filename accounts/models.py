@@ -13,8 +13,14 @@ from datetime import datetime
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
+from rest_framework.exceptions import APIException
 
 from accounts.credentials import KEY_PREFIX, PREFIX_SHOWN_CHARS, SCOPES, hash_secret
+
+
+class TooManyKeys(APIException):
+    status_code = 409
+    default_code = "too_many_keys"
 
 
 class ApiKeyQuerySet(models.QuerySet):
@@ -71,6 +77,15 @@ class ApiKey(models.Model):
         raw = key.new_secret()
         key.save()
         return key, raw
+
+    @classmethod
+    def check_room(cls, user) -> None:
+        """409 when the user already holds API_KEYS_PER_USER usable keys (revoked and expired ones do not count)."""
+        held = cls.objects.usable().filter(user=user).count()
+        if held >= settings.API_KEYS_PER_USER:
+            raise TooManyKeys(
+                f"you hold {held} active API keys, the most one user may (API_KEYS_PER_USER); revoke one first"
+            )
 
     def new_secret(self) -> str:
         """Give this (unsaved) key a fresh secret; the secret, to show once."""

@@ -13,7 +13,7 @@ from rest_framework.exceptions import ValidationError
 from accounts import usage
 from accounts.api.usage import date_range
 from accounts.forms import NewKeyForm
-from accounts.models import ApiKey
+from accounts.models import ApiKey, TooManyKeys
 
 
 @login_required
@@ -22,7 +22,7 @@ def keys_page(request: HttpRequest) -> HttpResponse:
     """The user's keys and a form to make one; a new key's secret is shown on this answer only."""
     form = NewKeyForm(request.POST or None)
     issued = None
-    if request.method == "POST" and form.is_valid():
+    if request.method == "POST" and form.is_valid() and not _no_room(request, form):
         data = form.cleaned_data
         key, raw = ApiKey.issue(
             request.user,
@@ -35,6 +35,15 @@ def keys_page(request: HttpRequest) -> HttpResponse:
         form = NewKeyForm()
     keys = ApiKey.objects.filter(user=request.user)
     return render(request, "accounts/keys.html", {"form": form, "keys": keys, "issued": issued})
+
+
+def _no_room(request: HttpRequest, form: NewKeyForm) -> bool:
+    try:
+        ApiKey.check_room(request.user)
+    except TooManyKeys as refused:
+        form.add_error(None, str(refused.detail))
+        return True
+    return False
 
 
 @login_required

@@ -24,6 +24,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     def create(self, request: Request) -> Response:
         given = ApiKeyCreateSerializer(data=request.data)
         given.is_valid(raise_exception=True)
+        ApiKey.check_room(request.user)
         key, raw = ApiKey.issue(request.user, **given.validated_data)
         key.key = raw
         return Response(IssuedKeySerializer(key).data, status=status.HTTP_201_CREATED)

@@ -467,3 +467,5 @@ QUOTA_TOKENS_PER_DAY = env.int("QUOTA_TOKENS_PER_DAY", default=0)
 # USAGE_METERING: count online calls per user, key, model and day (off: no usage, and no daily token limits;
 # for measuring what metering costs, benchmarks/metering.py).
 USAGE_METERING = env.bool("USAGE_METERING", default=True)
+# API_KEYS_PER_USER: most active (not revoked, not expired) API keys one user may hold; more get 409.
+API_KEYS_PER_USER = env.int("API_KEYS_PER_USER", default=50)

@@ -173,3 +173,15 @@ def test_staff_make_a_key_for_a_user_in_the_admin_and_see_its_secret_once(make_u
     client.post("/admin/accounts/apikey/", {"action": "revoke", "_selected_action": [key.pk]})
     key.refresh_from_db()
     assert key.state == "revoked" and key_client(secret).get("/api/v1/jobs").status_code == 401
+
+
+def test_a_user_holds_at_most_api_keys_per_user_active_keys(alice, settings):
+    settings.API_KEYS_PER_USER = 2
+    for name in ("a", "b"):
+        assert alice.post("/api/v1/keys", {"name": name}, format="json").status_code == 201
+    refused = alice.post("/api/v1/keys", {"name": "c"}, format="json")
+    assert refused.status_code == 409 and refused.json()["code"] == "too_many_keys"
+    page = alice.post("/keys/", {"name": "c", "scopes": ["predict"]})
+    assert b"revoke one first" in page.content and ApiKey.objects.count() == 2
+    alice.delete(f"/api/v1/keys/{ApiKey.objects.first().pk}")  # a revoked key makes room
+    assert alice.post("/api/v1/keys", {"name": "c"}, format="json").status_code == 201
