@@ -9,7 +9,7 @@ class AccountsConfig(AppConfig):
         from django.conf import settings
         from django.db.models.signals import post_delete, post_save
 
-        from accounts import lastused, usage
+        from accounts import lastused, schema, usage  # noqa: F401  (schema: registers the key scheme)
         from accounts.models import ApiKey, Quota
         from inference.api import auth
         from observability import registry

@@ -34,7 +34,10 @@ SECTIONS: list[dict[str, str]] = [
         "name": "jobs",
         "description": "Offline jobs: upload a CSV or JSON lines file, follow the job, download its results.",
     },
-    {"name": "account", "description": "Your API token and the secret that signs job callbacks."},
+    {
+        "name": "account",
+        "description": "Your API token, your API keys, what you used, and the secret that signs job callbacks.",
+    },
     {"name": "health", "description": "Liveness and readiness probes (no token needed)."},
 ]
 # The section of each first path segment after /api/v1/; a segment not named here is its own section,
@@ -44,6 +47,8 @@ _SECTION_OF_SEGMENT = {
     "jobs": "jobs",
     "token": "account",
     "callback-secret": "account",
+    "keys": "account",
+    "usage": "account",
     "health": "health",
     "ready": "health",
 }

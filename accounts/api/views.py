@@ -16,6 +16,8 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.G
     """The caller's keys; DELETE revokes one (it stays listed as revoked, with its usage)."""
 
     serializer_class = ApiKeySerializer
+    # For the schema generator only (it types the path's id from the model); requests use get_queryset().
+    queryset = ApiKey.objects.none()
 
     def get_queryset(self) -> QuerySet[ApiKey]:
         return ApiKey.objects.filter(user=self.request.user)

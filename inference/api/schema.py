@@ -145,8 +145,16 @@ def add_predict_endpoint(result: dict[str, Any], generator: Any, request: Any, p
                 },
                 "400": _error("Invalid input; the message names the problem"),
                 "401": _error("No or invalid credentials"),
+                "403": _error(
+                    "The API key lacks the predict scope or may not call this model (scope_missing, "
+                    "model_not_allowed); a session without its CSRF token (csrf_failed)"
+                ),
                 "404": _error("Unknown model"),
                 "415": _error("Body is not application/json"),
+                "429": _error(
+                    "Over a quota (rate_limited, daily_tokens_exceeded: `limit` names it) or this client's share "
+                    "of the model (client_backlog_full); see Retry-After"
+                ),
                 "502": _error("The worker failed while running the batch"),
                 "503": _error("Refused by admission (backlog_full, deadline, no_worker); see Retry-After"),
                 "504": _error("No answer within the deadline"),
