@@ -59,7 +59,7 @@ def date_range(start: str | None, end: str | None, today: date, max_days: int) -
     responses=_usage,
     summary="The caller's usage per day, model and key (updated every USAGE_FLUSH_S)",
 )
-@api_view(["GET"])
+@api_view(["GET", "HEAD"])  # HEAD as every GET endpoint answers it (monitors probe with it)
 def usage_view(request: Request) -> Response:
     first, last = date_range(
         request.query_params.get("start"), request.query_params.get("end"), usage._today(), settings.USAGE_MAX_DAYS
