@@ -28,7 +28,7 @@ from django.contrib.auth.views import redirect_to_login
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpResponse, JsonResponse
 
-from platform_.errors import ApiError, api_error_response
+from platform_.errors import ApiError, api_error_response, database_unavailable
 
 # The endpoints that take a file upload: POST /api/v1/jobs (jobs/api/urls.py), the upload form on
 # the job list page (jobs/urls.py) and OpenAI's POST /v1/files (jobs/api/openai_batches.py). "api" answers 401 JSON; "page" redirects to the login form, as
@@ -96,7 +96,11 @@ async def anonymous_upload_refusal(scope: dict, kind: str, auth: Any) -> HttpRes
             return None
         except ApiError as error:
             return error.response()
-    if (await auth.session_user(request)).is_authenticated:
+    try:
+        user = await auth.session_user(request)
+    except ApiError as error:  # the database is unreachable: the styled 503 page, or JSON on an API path
+        return database_unavailable(request) if error.status == 503 else error.response()
+    if user.is_authenticated:
         return None
     if kind == "page":
         return redirect_to_login(request.get_full_path())

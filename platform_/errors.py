@@ -136,10 +136,18 @@ def json_404(request: Any, exception: Exception | None = None) -> Any:
 DATABASE_RETRY_AFTER_S = 5
 
 
+DATABASE_DETAIL = "the database is busy or unreachable; nothing already accepted was lost; try again shortly"
+
+
+def database_unavailable_error() -> ApiError:
+    """The same 503 for code that runs before Django's handlers (the ASGI body guard, the lean predict path)."""
+    return ApiError(503, "database_unavailable", DATABASE_DETAIL, headers={"Retry-After": str(DATABASE_RETRY_AFTER_S)})
+
+
 def database_unavailable(request: Any) -> Any:
     """503 for a request that could not reach the database: JSON `database_unavailable` on API paths (in
     OpenAI's shape on /v1/), the styled 503 page for people; Retry-After either way."""
-    detail = "the database is busy or unreachable; nothing already accepted was lost; try again shortly"
+    detail = DATABASE_DETAIL
     response = api_error_response(request.path, 503, "database_unavailable", detail, "server_error")
     if response is None:
         try:

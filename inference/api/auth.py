@@ -28,7 +28,7 @@ import redis
 from django.conf import settings
 from django.contrib.auth import get_user
 from django.contrib.auth.models import AnonymousUser
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.middleware.csrf import CsrfViewMiddleware
 from rest_framework.authtoken.models import Token
 
@@ -36,7 +36,7 @@ from accounts import lastused, quotas
 from accounts.credentials import Caller, caller_for_key, is_api_key
 from platform_ import auth_throttle
 from platform_.db import run_db
-from platform_.errors import ApiError
+from platform_.errors import ApiError, database_unavailable_error
 from platform_.redis import get_async_redis, get_redis
 
 logger = logging.getLogger(__name__)
@@ -103,7 +103,12 @@ async def caller_for_token(key: str, client_ip: str) -> Caller:
     if cached and cached[0] > now and not cached[1].expired():
         await lastused.touch(cached[1].key_id)
         return cached[1]
-    caller = await run_db(_caller_for_token, key)
+    try:
+        caller = await run_db(_caller_for_token, key)
+    except (OperationalError, InterfaceError) as error:
+        # Down, or its pool exhausted: this runs before Django's handlers (the lean predict path, the
+        # upload guard), where an uncaught error was the server's plain-text 500.
+        raise database_unavailable_error() from error
     if caller is None:
         # Only a failure asks Redis. A token that checks out is accepted even from an address that has
         # failed too often: tenants behind one NAT or proxy share an address, and refusing valid tokens
@@ -138,7 +143,10 @@ async def session_user(request: Any) -> Any:
     """The session's user. Predict runs without middleware (platform_/asgi.py), so the session is loaded here."""
     if not hasattr(request, "session") and not request.COOKIES.get(settings.SESSION_COOKIE_NAME):
         return AnonymousUser()
-    return await run_db(_load_session_user, request)
+    try:
+        return await run_db(_load_session_user, request)
+    except (OperationalError, InterfaceError) as error:
+        raise database_unavailable_error() from error
 
 
 def _enforce_csrf(request: Any) -> None:
