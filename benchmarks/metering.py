@@ -7,7 +7,7 @@ Starts its own web process (one uvicorn worker) and online worker against DATABA
 (both must be there and migrated), serving only the `identity` model (no weights: a request costs the
 platform's path, so the metering's share is as large as it can be), makes a user and an API key, and
 runs wrk (benchmarks/wrk_post.lua, one text per request, keep-alive, closed loop) at each concurrency,
-with metering off, then on, `--rounds` times, so drift hits both alike. Prints a Markdown table of
+with metering off and on, `--rounds` times, the order swapped each round, so drift hits both alike. Prints a Markdown table of
 req/s, P50 and P99 per step.
 
 --micro measures the metering call alone, in one process, against REDIS_URL: the CPU time (of this
@@ -161,7 +161,8 @@ def main() -> None:
         wrk_env = {"WRK_BODIES": str(tmp / "bodies.jsonl"), "WRK_TOKEN": key}
         rows = []
         for round_ in range(args.rounds):
-            for metering in ("false", "true"):
+            # Off first in odd rounds, on first in even ones: load that drifts during a run hits both alike.
+            for metering in ("false", "true") if round_ % 2 == 0 else ("true", "false"):
                 port = _free_port()
                 procs = _start({**env, "USAGE_METERING": metering}, port, tmp)
                 url = f"http://127.0.0.1:{port}/api/v1/models/identity/predict"
