@@ -162,7 +162,7 @@ async def predict(
     admission_ms = (time.time() - admit_start) * 1000
     if not decision.admitted:
         raise Refused(decision, admission_ms)
-    redis_client = get_async_redis()
+    redis_client = get_async_redis(waits=True)
     try:
         reply = await gather_reply(redis_client, task_id, len(texts), deadline)
     except asyncio.CancelledError:

@@ -1,47 +1,182 @@
-"""Redis clients for this process: one sync client (workers, management commands), one async per event loop (web)."""
+"""Redis clients for this process: one sync client (workers, management commands), one async per event loop (web).
+
+With REDIS_SENTINELS set, every client here asks the sentinels where the primary is (redis-py's
+`Sentinel.master_for`) instead of connecting to REDIS_URL's host: after a failover a connection to the
+old primary fails (refused, or READONLY once it is back as a replica, which redis-py turns into a
+ConnectionError), and the next connection goes to the promoted replica. REDIS_URL still says the
+password and database number. Celery's broker and result backend follow the same sentinels
+(platform_/settings/base.py), and so does Django's cache (`SentinelCachePool` below).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 import redis
 import redis.asyncio as aredis
+import redis.asyncio.retry
+import redis.asyncio.sentinel
+import redis.sentinel
 from django.conf import settings
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.connection import parse_url
+from redis.retry import Retry
 
 _sync: tuple[int, redis.Redis] | None = None
-_async: dict[int, aredis.Redis] = {}
+_async: dict[tuple[int, bool], aredis.Redis] = {}
+
+# A connection error is retried with jittered backoff from 10 ms to 1 s between tries, as redis-py
+# does by default for a client it builds from a URL (a Sentinel-managed pool gets no retry unless given).
+_BACKOFF_BASE_S, _BACKOFF_CAP_S = 0.01, 1.0
+# The web tier's tries: redis-py's default, a few seconds at most. A predict call has a deadline of
+# seconds, so it cannot wait out a failover; it answers 503 broker_unavailable (Retry-After: 1) instead.
+_WEB_RETRIES = 10
+
+
+class _SentinelConnection(redis.sentinel.SentinelManagedConnection):
+    """redis-py's, except that every reconnection asks the sentinels where the primary is.
+
+    redis-py's reconnects a dropped connection inside a command (send_packed_command) to the address it
+    had, not through the sentinels: after a read timed out on a frozen primary (whose kernel still
+    accepts connections), each retry went back to it and timed out again, for as many retries as given.
+    A failed attempt also closes its socket, or the next one would take the open socket as connected.
+    """
+
+    def connect(self) -> None:
+        return self.retry.call_with_retry(self._connect_retry, lambda error: self.disconnect())
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self._sock:
+            self.connect()
+        return super().send_packed_command(command, check_health)
+
+
+class _AsyncSentinelConnection(redis.asyncio.sentinel.SentinelManagedConnection):
+    """As _SentinelConnection, for the web tier's async clients."""
+
+    async def connect(self) -> None:
+        return await self.retry.call_with_retry(self._connect_retry, lambda error: self.disconnect())
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self.is_connected:
+            await self.connect()
+        return await super().send_packed_command(command, check_health)
+
+
+def sentinel_mode() -> bool:
+    return bool(settings.REDIS_SENTINELS)
+
+
+def sentinel_addresses() -> list[tuple[str, int]]:
+    """REDIS_SENTINELS ("host:port,host:port") as (host, port) pairs."""
+    pairs = []
+    for item in settings.REDIS_SENTINELS:
+        host, _, port = item.strip().rpartition(":")
+        pairs.append((host.strip("[]"), int(port)))
+    return pairs
+
+
+def _sentinel_kwargs() -> dict[str, Any]:
+    """How to talk to the sentinels themselves (a sentinel's own password is not the data password)."""
+    password = settings.REDIS_SENTINEL_PASSWORD
+    return {"socket_timeout": 2.0, "socket_connect_timeout": 2.0, **({"password": password} if password else {})}
+
+
+def _data_kwargs() -> dict[str, Any]:
+    """What REDIS_URL says besides its address: database number, user and password."""
+    parsed = parse_url(settings.REDIS_URL)
+    return {k: parsed[k] for k in ("db", "username", "password") if parsed.get(k) is not None}
+
+
+def _sync_retries() -> int:
+    # The jittered backoff averages about half its cap once it reaches it: two tries a second.
+    return max(_WEB_RETRIES, int(2 * settings.REDIS_FAILOVER_RETRY_S))
 
 
 def get_redis() -> redis.Redis:
-    """The process's sync client; a forked child never reuses its parent's sockets."""
+    """The process's sync client; a forked child never reuses its parent's sockets.
+
+    With sentinels, its commands retry through a failover for about REDIS_FAILOVER_RETRY_S: workers
+    write replies, heartbeats and counters with it, and a counter written between a batch's rows and
+    its chunk's end must not fail the batch. A retried increment whose reply was lost may count twice:
+    only counters are written that way, never a job row (rows are in the database).
+    """
     global _sync
     if _sync is None or _sync[0] != os.getpid():
-        client = redis.Redis.from_url(settings.REDIS_URL, decode_responses=True, health_check_interval=30)
-        _sync = (os.getpid(), client)
+        _sync = (os.getpid(), new_redis(health_check_interval=30, retries=_sync_retries()))
     return _sync[1]
 
 
-def get_async_redis() -> aredis.Redis:
-    """The async client of the running event loop (uvicorn runs one loop per process).
+def new_redis(*, retries: int = _WEB_RETRIES, **options: Any) -> redis.Redis:
+    """A sync client of its own (`options` as redis.Redis takes them), REDIS_URL's server or the
+    sentinels' primary; `retries` applies to the sentinels' primary only (REDIS_URL's keeps redis-py's)."""
+    if not sentinel_mode():
+        return redis.Redis.from_url(settings.REDIS_URL, decode_responses=True, **options)
+    manager = redis.sentinel.Sentinel(sentinel_addresses(), sentinel_kwargs=_sentinel_kwargs())
+    retry = Retry(ExponentialWithJitterBackoff(cap=_BACKOFF_CAP_S, base=_BACKOFF_BASE_S), retries)
+    # A read timeout, so that a frozen primary is given up like a dead one (get_async_redis says why).
+    options = {"socket_connect_timeout": 5, "socket_timeout": settings.REDIS_SOCKET_TIMEOUT_S, **options}
+    return manager.master_for(
+        settings.REDIS_SENTINEL_MASTER,
+        decode_responses=True,
+        retry=retry,
+        connection_class=_SentinelConnection,
+        **options,
+        **_data_kwargs(),
+    )
+
+
+def get_async_redis(*, waits: bool = False) -> aredis.Redis:
+    """The async client of the running event loop (uvicorn runs one loop per process); `waits=True`
+    for the one that waits on replies (BLPOP).
 
     Each waiting predict call holds one pooled connection in BLPOP, so the pool is sized for the
     web tier's concurrency, not for its CPU count. That BLPOP lasts up to the request's deadline, so the
     read timeout must be longer than the longest deadline: redis-py's default of 5 s turned every answer
     slower than that into a 503 while it was on its way. Connecting keeps a short timeout.
+
+    With sentinels, every other command goes through a second client whose read timeout is
+    REDIS_SOCKET_TIMEOUT_S: a primary that froze, or whose host dropped off the network, closes no
+    connection, and with the long timeout each admission would wait it out (15 s) before asking the
+    sentinels where the primary went.
     """
-    loop_id = id(asyncio.get_running_loop())
-    client = _async.get(loop_id)
+    key = (id(asyncio.get_running_loop()), waits and sentinel_mode())
+    client = _async.get(key)
     if client is None:
-        client = aredis.Redis.from_url(
-            settings.REDIS_URL,
-            decode_responses=True,
-            max_connections=settings.WEB_REDIS_MAX_CONNECTIONS,
-            socket_timeout=settings.ONLINE_MAX_DEADLINE_MS / 1000 + 5,
-            socket_connect_timeout=5,
-        )
-        _async[loop_id] = client
+        options: dict[str, Any] = {
+            "decode_responses": True,
+            "max_connections": settings.WEB_REDIS_MAX_CONNECTIONS,
+            "socket_timeout": settings.ONLINE_MAX_DEADLINE_MS / 1000 + 5,
+            "socket_connect_timeout": 5,
+        }
+        if sentinel_mode():
+            if not waits:
+                options["socket_timeout"] = settings.REDIS_SOCKET_TIMEOUT_S
+            manager = redis.asyncio.sentinel.Sentinel(sentinel_addresses(), sentinel_kwargs=_sentinel_kwargs())
+            backoff = ExponentialWithJitterBackoff(cap=_BACKOFF_CAP_S, base=_BACKOFF_BASE_S)
+            options["retry"] = redis.asyncio.retry.Retry(backoff, _WEB_RETRIES)
+            options["connection_class"] = _AsyncSentinelConnection
+            client = manager.master_for(settings.REDIS_SENTINEL_MASTER, **options, **_data_kwargs())
+        else:
+            client = aredis.Redis.from_url(settings.REDIS_URL, **options)
+        _async[key] = client
     return client
+
+
+class SentinelCachePool(redis.sentinel.SentinelConnectionPool):
+    """Django's Redis cache (DRF's throttle counters) through the sentinels: Django builds its pool with
+    `pool_class.from_url(LOCATION)`, and this one takes only the password and database from that URL."""
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> SentinelCachePool:
+        parsed = {k: v for k, v in parse_url(url).items() if k in ("db", "username", "password")}
+        manager = redis.sentinel.Sentinel(sentinel_addresses(), sentinel_kwargs=_sentinel_kwargs())
+        retry = Retry(ExponentialWithJitterBackoff(cap=_BACKOFF_CAP_S, base=_BACKOFF_BASE_S), _WEB_RETRIES)
+        timeouts = {"socket_timeout": settings.REDIS_SOCKET_TIMEOUT_S, "socket_connect_timeout": 5}
+        options = {"connection_class": _SentinelConnection, **timeouts, **parsed, **kwargs}
+        return cls(settings.REDIS_SENTINEL_MASTER, manager, retry=retry, **options)
 
 
 # Applies Increments (below): KEYS are the hashes; ARGV[1] is the number of increments, then

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import environ
 
@@ -157,6 +158,20 @@ SPECTACULAR_SETTINGS = {
 # ---------------------------------------------------------------------------------------------
 # REDIS_URL: broker, result backend, admission counters and reply channel.
 REDIS_URL = env.str("REDIS_URL", default="redis://127.0.0.1:6379/0")
+# REDIS_SENTINELS: "host:port,host:port" of Redis Sentinels; when set, every Redis client (web, workers,
+# Celery's broker and results, the cache) asks them for the current primary, and REDIS_URL's host is
+# ignored (its password and database number still apply). Empty: REDIS_URL is the server.
+REDIS_SENTINELS = env.list("REDIS_SENTINELS", default=[])
+# REDIS_SENTINEL_MASTER: the name the sentinels monitor the primary under (`sentinel monitor <name> ...`).
+REDIS_SENTINEL_MASTER = env.str("REDIS_SENTINEL_MASTER", default="platform")
+# REDIS_SENTINEL_PASSWORD: the sentinels' own password (their requirepass), if they have one.
+REDIS_SENTINEL_PASSWORD = env.str("REDIS_SENTINEL_PASSWORD", default="")
+# REDIS_FAILOVER_RETRY_S: how long a worker's Redis command keeps retrying while the sentinels promote
+# a replica; longer than their down-after-milliseconds plus failover time (about 5 to 15 s).
+REDIS_FAILOVER_RETRY_S = env.float("REDIS_FAILOVER_RETRY_S", default=30.0)
+# REDIS_SOCKET_TIMEOUT_S: with sentinels, how long a command may go unanswered before its client leaves that
+# server and asks the sentinels again (a frozen primary, or one whose host vanished, closes no connection).
+REDIS_SOCKET_TIMEOUT_S = env.float("REDIS_SOCKET_TIMEOUT_S", default=5.0)
 
 # OFFLINE_TIME_LIMIT_S: hard limit for one offline task (minutes, not seconds).
 OFFLINE_TIME_LIMIT_S = env.int("OFFLINE_TIME_LIMIT_S", default=30 * 60)
@@ -170,7 +185,29 @@ CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL
 # A message not acked within this time is redelivered by Redis: it must exceed the longest task,
 # or a long offline task runs twice.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": OFFLINE_TIME_LIMIT_S * 2}
+CELERY_BROKER_TRANSPORT_OPTIONS: dict = {"visibility_timeout": OFFLINE_TIME_LIMIT_S * 2}
+if REDIS_SENTINELS:
+    # kombu and Celery's result backend take one sentinel:// URL per sentinel, joined by ';', each with
+    # the data password and database (REDIS_URL's), and the monitored name in the transport options.
+    _redis = urlsplit(REDIS_URL)
+    _credentials = _redis.netloc.rpartition("@")[0]
+    CELERY_BROKER_URL = CELERY_RESULT_BACKEND = ";".join(
+        f"sentinel://{_credentials + '@' if _credentials else ''}{address.strip()}{_redis.path or '/0'}"
+        for address in REDIS_SENTINELS
+    )
+    _sentinel_options: dict = {"master_name": REDIS_SENTINEL_MASTER}
+    if REDIS_SENTINEL_PASSWORD:
+        _sentinel_options["sentinel_kwargs"] = {"password": REDIS_SENTINEL_PASSWORD}
+    # A frozen primary never answers: a command times out, and kombu drops a BRPOP connection whose reply is
+    # overdue by health_check_interval (checked as often), so a worker reconnects through the sentinels.
+    CELERY_BROKER_TRANSPORT_OPTIONS.update(
+        _sentinel_options,
+        socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+        socket_connect_timeout=REDIS_SOCKET_TIMEOUT_S,
+        health_check_interval=max(1, round(REDIS_SOCKET_TIMEOUT_S)),
+    )
+    CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = dict(_sentinel_options)
+    CELERY_REDIS_SOCKET_TIMEOUT = CELERY_REDIS_SOCKET_CONNECT_TIMEOUT = REDIS_SOCKET_TIMEOUT_S
 CELERY_RESULT_EXPIRES = env.int("CELERY_RESULT_EXPIRES_S", default=15 * 60)
 # Workers load a model at child start; the default 4 s is far shorter than a load plus warm-up.
 CELERY_WORKER_PROC_ALIVE_TIMEOUT = env.float("WORKER_PROC_ALIVE_TIMEOUT_S", default=120.0)
@@ -178,6 +215,8 @@ CELERY_WORKER_PROC_ALIVE_TIMEOUT = env.float("WORKER_PROC_ALIVE_TIMEOUT_S", defa
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "cache"}
 }
+if REDIS_SENTINELS:
+    CACHES["default"]["OPTIONS"] = {"pool_class": "platform_.redis.SentinelCachePool"}
 
 # ---------------------------------------------------------------------------------------------
 # Inference

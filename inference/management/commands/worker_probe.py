@@ -31,6 +31,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from inference.keys import DISPATCHERS_KEY, WORKERS_KEY
+from platform_.redis import new_redis
 
 REDIS_TIMEOUT_S = 2.0
 MISSED_BEATS = 3  # as everywhere else: three missed beats and a process counts as gone (inference/workers.py)
@@ -98,12 +99,7 @@ class Command(BaseCommand):
         if not (options["live"] or options["ready"]):
             raise CommandError("say --live, --ready or both")
         hostname: str = options["hostname"]
-        client = redis.Redis.from_url(
-            settings.REDIS_URL,
-            decode_responses=True,
-            socket_connect_timeout=REDIS_TIMEOUT_S,
-            socket_timeout=REDIS_TIMEOUT_S,
-        )
+        client = new_redis(socket_connect_timeout=REDIS_TIMEOUT_S, socket_timeout=REDIS_TIMEOUT_S)
         try:
             pipe = client.pipeline(transaction=False)
             pipe.hgetall(DISPATCHERS_KEY)
