@@ -377,3 +377,50 @@ def test_the_primary_dies_under_load_and_the_platform_follows_the_promoted_repli
     assert {r["status"] for r in rows} == {"done"}
     assert {r["attempts"] for r in rows} == {1}, "a row was run more than once"
     assert {r["label"] for r in rows} <= LABELS
+
+
+@pytest.fixture
+def redis_trio(tmp_path) -> Iterator[SentinelStack]:
+    """A primary, a replica and three sentinels, without the platform's processes."""
+    stack = SentinelStack(
+        fault=signal.SIGSTOP,
+        folder=tmp_path,
+        primary_port=free_port(),
+        replica_port=free_port(),
+        sentinel_ports=[free_port() for _ in range(3)],
+    )
+    try:
+        _start_redis(stack)
+        yield stack
+    finally:
+        for proc in stack.redis_procs.values():
+            _stop(proc)
+
+
+def test_a_workers_write_to_a_frozen_primary_lands_on_the_promoted_replica(redis_trio, settings):
+    """redis-py's own Sentinel connection retried such a write on the frozen primary for as long as its
+    retries lasted (platform_/redis.py, _SentinelConnection); this one asks the sentinels again."""
+    from platform_.redis import new_redis
+
+    settings.REDIS_URL = f"redis://:{PASSWORD}@redis-behind-sentinels.invalid:6379/0"
+    settings.REDIS_SENTINELS = [f"127.0.0.1:{p}" for p in redis_trio.sentinel_ports]
+    settings.REDIS_SENTINEL_MASTER = MASTER
+    client = new_redis(retries=60)  # a worker's client: retries through a failover
+    client.set("written", 0)
+    os.killpg(redis_trio.redis_procs["primary"].pid, signal.SIGSTOP)
+    outcome: list[object] = []
+
+    def write() -> None:
+        pipe = client.pipeline(transaction=False)
+        pipe.incr("written")
+        pipe.expire("written", 60)
+        outcome.extend(pipe.execute())
+
+    # In a thread, so that a client stuck on the frozen primary fails the test instead of hanging it. One
+    # read timeout there (REDIS_SOCKET_TIMEOUT_S, 5 s), then the promoted replica.
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    writer.join(timeout=5 + DOWN_AFTER_MS / 1000 + 5)
+    assert outcome == [1, True], "the write did not leave the frozen primary"
+    assert redis_trio.master_port() == redis_trio.replica_port
+    assert redis.Redis(port=redis_trio.replica_port, password=PASSWORD).get("written") == b"1"
