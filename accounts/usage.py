@@ -1,7 +1,7 @@
 """Usage metering: requests, inputs, tokens and job rows per user, key, model and day (UTC).
 
-The hot path adds to Redis in one pipelined round trip (`record`, after the answer is computed; a
-Redis failure loses the count, never the call); the sampler's housekeeping moves the counters into
+The hot path adds to per-process sums (`record`, after the answer is computed) that a task writes to Redis
+every USAGE_WRITE_S in one pipeline (a Redis failure delays the counts, never the call); the sampler's housekeeping moves the counters into
 `Usage` rows every USAGE_FLUSH_S (`flush`). Per-model totals also go to the lifetime metrics hash, so
 /metrics shows tokens and inputs per model (never per key or user: unbounded label values).
 
@@ -12,8 +12,10 @@ count that batch twice on the next run (it picks up left-over renamed hashes), a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
+import weakref
 from collections import defaultdict
 from datetime import UTC, date, datetime
 from typing import Any
@@ -52,48 +54,91 @@ def _queue(pipe: Any, user_id: int, key_id: int | None, model: str, counts: dict
     pipe.expire(day_key, DAY_KEY_TTL_S)
 
 
-# One command for the whole count: a pipeline of the same nine writes cost the web process about 3 x
-# the CPU of a bare round trip in redis-py (packing and parsing each), this about 1.3 x
-# (docs/benchmarks.md, "Usage metering"). KEYS: the day's usage, the day's tokens, the lifetime totals.
-# ARGV: the field prefix (user|key|model|), inputs, tokens, the user's and the key's token field ('' for
-# no key), the model, the two TTLs in seconds, and the totals' field prefixes.
-_RECORD_LUA = """
-local p = ARGV[1]
-redis.call('HINCRBY', KEYS[1], p .. 'requests', 1)
-redis.call('HINCRBY', KEYS[1], p .. 'inputs', ARGV[2])
-redis.call('HINCRBY', KEYS[1], p .. 'tokens', ARGV[3])
-redis.call('EXPIRE', KEYS[1], ARGV[7])
-redis.call('HINCRBY', KEYS[2], ARGV[4], ARGV[3])
-if ARGV[5] ~= '' then redis.call('HINCRBY', KEYS[2], ARGV[5], ARGV[3]) end
-redis.call('EXPIRE', KEYS[2], ARGV[8])
-redis.call('HINCRBY', KEYS[3], ARGV[9] .. ARGV[6], ARGV[3])
-redis.call('HINCRBY', KEYS[3], ARGV[10] .. ARGV[6], ARGV[2])
-"""
 DAY_TOKENS_TTL_S = 2 * 24 * 3600
 
 
+class _Pending:
+    """One event loop's counts not yet in Redis: (hash, field) -> increment, and each hash's TTL."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, str], int] = defaultdict(int)
+        self.ttl_s: dict[str, int] = {}
+
+    def add(self, key: str, name: str, value: int, ttl_s: int = 0) -> None:
+        if value:
+            self.counts[key, name] += value
+            if ttl_s:
+                self.ttl_s[key] = ttl_s
+
+    async def write(self) -> None:
+        """Everything counted so far, in one pipeline; on a Redis failure the counts wait for the next try."""
+        if not self.counts:
+            return
+        counts, ttl_s = self.counts, self.ttl_s
+        self.counts, self.ttl_s = defaultdict(int), {}
+        pipe = get_async_redis().pipeline(transaction=False)
+        for (key, name), value in counts.items():
+            pipe.hincrby(key, name, value)
+        for key, seconds in ttl_s.items():
+            pipe.expire(key, seconds)
+        try:
+            await pipe.execute()
+        except redis.RedisError:
+            logger.warning("usage counts kept in this process until Redis answers")
+            for (key, name), value in counts.items():
+                self.add(key, name, value, ttl_s.get(key, 0))
+
+
+# One per event loop (uvicorn runs one loop per process; tests may run more), with its writer task.
+_pending: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_writers: set[asyncio.Task] = set()
+
+
+async def _write_forever(pending: _Pending) -> None:
+    while True:
+        await asyncio.sleep(settings.USAGE_WRITE_S)
+        await pending.write()
+
+
+def _pending_here() -> _Pending:
+    loop = asyncio.get_running_loop()
+    pending = _pending.get(loop)
+    if pending is None:
+        pending = _pending[loop] = _Pending()
+        task = loop.create_task(_write_forever(pending))
+        _writers.add(task)
+        task.add_done_callback(_writers.discard)
+    return pending
+
+
+async def write_pending() -> None:
+    """Write this event loop's counts now (tests; the writer task does it every USAGE_WRITE_S)."""
+    await _pending_here().write()
+
+
 async def record(user_id: int, key_id: int | None, model: str, *, inputs: int, tokens: int) -> None:
-    """Count one answered online call, and its tokens against the daily limits (one Redis command)."""
+    """Count one answered online call, and its tokens against the daily limits.
+
+    Summed in the process and written to Redis every USAGE_WRITE_S in one pipeline: a call pays a few
+    dictionary additions, not a Redis command (one command per call cost the web process about 10% of
+    its throughput where it is the bottleneck, docs/benchmarks.md "Usage metering"). What this trades:
+    a process that dies loses up to USAGE_WRITE_S of counts, and the daily token limits see a call's
+    tokens up to that much later.
+    """
     if not settings.USAGE_METERING:
         return
     today = _today()
-    keys = [usage_day_key(today), day_tokens_key(today), TOTAL_KEY]
-    args = [
-        field(user_id, key_id, model, ""),
-        inputs,
-        tokens,
-        f"user:{user_id}",
-        f"key:{key_id}" if key_id is not None else "",
-        model,
-        DAY_KEY_TTL_S,
-        DAY_TOKENS_TTL_S,
-        MODEL_TOKENS_PREFIX,
-        MODEL_INPUTS_PREFIX,
-    ]
-    try:
-        await get_async_redis().register_script(_RECORD_LUA)(keys=keys, args=args)
-    except redis.RedisError:
-        logger.warning("usage of user %s on %s not counted: Redis unavailable", user_id, model)
+    pending = _pending_here()
+    day_key, tokens_key = usage_day_key(today), day_tokens_key(today)
+    prefix = field(user_id, key_id, model, "")
+    pending.add(day_key, prefix + "requests", 1, DAY_KEY_TTL_S)
+    pending.add(day_key, prefix + "inputs", inputs, DAY_KEY_TTL_S)
+    pending.add(day_key, prefix + "tokens", tokens, DAY_KEY_TTL_S)
+    pending.add(tokens_key, f"user:{user_id}", tokens, DAY_TOKENS_TTL_S)
+    if key_id is not None:
+        pending.add(tokens_key, f"key:{key_id}", tokens, DAY_TOKENS_TTL_S)
+    pending.add(TOTAL_KEY, MODEL_TOKENS_PREFIX + model, tokens)
+    pending.add(TOTAL_KEY, MODEL_INPUTS_PREFIX + model, inputs)
 
 
 def record_job_rows(client: Any, rows_by_owner: dict[tuple[int, int | None], int], model: str) -> None:

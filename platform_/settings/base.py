@@ -508,3 +508,6 @@ QUOTA_TOKENS_PER_DAY = env.int("QUOTA_TOKENS_PER_DAY", default=0)
 USAGE_METERING = env.bool("USAGE_METERING", default=True)
 # API_KEYS_PER_USER: most active (not revoked, not expired) API keys one user may hold; more get 409.
 API_KEYS_PER_USER = env.int("API_KEYS_PER_USER", default=50)
+# USAGE_WRITE_S: how often each web process writes its usage sums to Redis (what a crash may lose, and how
+# late a call's tokens reach the daily limits).
+USAGE_WRITE_S = env.float("USAGE_WRITE_S", default=1.0)

@@ -26,6 +26,11 @@ def _admit(limits) -> ApiError | None:
     return None
 
 
+async def _priced(user_id: int, tokens: int) -> None:
+    await usage.record(user_id, None, "router", inputs=1, tokens=tokens)
+    await usage.write_pending()
+
+
 def test_defaults_come_from_settings_and_zero_means_no_limit(alice, settings):
     settings.QUOTA_REQUESTS_PER_S, settings.QUOTA_BURST, settings.QUOTA_TOKENS_PER_DAY = 0, 20, 0
     limits = quotas.limits_for(alice, None)
@@ -64,7 +69,7 @@ def test_tokens_per_day_refuse_the_calls_after_the_one_that_crosses_it(alice):
     Quota.objects.create(user=alice, tokens_per_day=100)
     limits = quotas.limits_for(alice, None)
     assert _admit(limits) is None
-    asyncio.run(usage.record(alice.pk, None, "router", inputs=1, tokens=120))  # the call, priced after it ran
+    asyncio.run(_priced(alice.pk, tokens=120))  # the call, priced after it ran
     refused = _admit(limits)
     assert refused.status == 429 and refused.code == "daily_tokens_exceeded"
     assert refused.extra["limit"] == {"name": "tokens_per_day", "applies_to": "user", "value": 100}

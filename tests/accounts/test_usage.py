@@ -29,6 +29,7 @@ def _count(user, key, model: str, calls: int, inputs: int, tokens: int) -> None:
     async def run():
         for _ in range(calls):
             await usage.record(user.pk, key.pk if key else None, model, inputs=inputs, tokens=tokens)
+        await usage.write_pending()  # what the process's writer does every USAGE_WRITE_S
 
     asyncio.run(run())
 
@@ -121,3 +122,17 @@ def test_metrics_show_tokens_per_model_not_per_key(alice):
     text = render({"usage_tokens|router": 42.0}, {})
     assert 'platform_usage_tokens_total{model="router"} 42.0' in text
     assert all(sample.labels.keys() == {"model"} for family in families for sample in family.samples)
+
+
+def test_calls_are_summed_in_the_process_and_written_in_one_go(alice, own_redis):
+    async def run():
+        for _ in range(50):
+            await usage.record(alice.user.pk, None, "router", inputs=2, tokens=7)
+        before = own_redis.keys(usage_day_key("*"))
+        await usage.write_pending()
+        return before
+
+    assert asyncio.run(run()) == []  # nothing in Redis per call
+    usage.flush()
+    row = Usage.objects.get()
+    assert (row.requests, row.inputs, row.tokens) == (50, 100, 350)

@@ -51,8 +51,14 @@ def test_a_keys_calls_and_its_users_job_rows_show_in_usage_and_metrics(stack, ow
         120,
         "the job to succeed",
     )
-    _flush(stack)
-    body = requests.get(f"{stack.url}/api/v1/usage", headers=auth, timeout=10).json()
+
+    def rolled_up() -> dict | None:
+        # The web process writes its sums every USAGE_WRITE_S (1 s); the workers roll them up every minute.
+        _flush(stack)
+        body = requests.get(f"{stack.url}/api/v1/usage", headers=auth, timeout=10).json()
+        return body if body["totals"]["requests"] == 3 else None
+
+    body = wait_until(rolled_up, 20, "the usage to be rolled up")
     by = {(row["model"], row["key_prefix"]): row for row in body["rows"]}
     router = by["router", key["prefix"]]
     assert (router["requests"], router["inputs"]) == (2, 2) and router["tokens"] > 0
