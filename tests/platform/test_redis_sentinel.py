@@ -357,7 +357,8 @@ def test_the_primary_dies_under_load_and_the_platform_follows_the_promoted_repli
 
     assert recovered_s <= RECOVERY_LIMIT_S, timeline
     # Every refusal while the primary was gone was a clear JSON answer, never a 500 or a dropped connection.
-    assert all(c.status in (503, 504) and not c.code.startswith("not JSON") for c in failures), timeline
+    # (429 client_backlog_full is the fair share bounding a client whose requests wait out the failover.)
+    assert all(c.status in (429, 503, 504) and not c.code.startswith("not JSON") for c in failures), timeline
     # No restart: the same processes, still running.
     assert {name: proc.pid for name, proc in stack.platform_procs.items()} == pids
     assert all(proc.poll() is None for proc in stack.platform_procs.values())

@@ -88,7 +88,16 @@ def front(stack, tmp_path_factory) -> Iterator[Front]:
             "NGINX_PREDICT_MAX_BODY": str(PREDICT_MAX_BODY),
             "NGINX_UPLOAD_MAX_BODY": "2m",
         }
-        running = nginx_front.start(folder, values, proxy_bind=PROXY_ADDRESS)
+        # free_port() only finds a port free at that moment: one in the ephemeral range can be taken by an
+        # outgoing connection before nginx binds it (seen in CI: "Address already in use"). Another port then.
+        for attempt in range(5):
+            try:
+                running = nginx_front.start(folder, values, proxy_bind=PROXY_ADDRESS)
+                break
+            except RuntimeError as error:
+                if "Address already in use" not in str(error) or attempt == 4:
+                    raise
+                values["NGINX_PORT"] = str(free_port())
     except Exception:
         _stop(web)
         raise
