@@ -162,6 +162,22 @@ def django_db_setup(django_test_environment, django_db_blocker):
         teardown_databases(config, verbosity=0)
 
 
+def own_redis_database(settings, redis_url: str, monkeypatch, db: int) -> Iterator[redis.Redis]:
+    """Point the settings and the platform's client at Redis database `db`, empty before and after: a
+    module's own, so its counters and caches meet no other module's (a fixture yields from this)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    import platform_.redis
+
+    url = urlunsplit(urlsplit(redis_url)._replace(path=f"/{db}"))
+    settings.REDIS_URL = url
+    monkeypatch.setattr(platform_.redis, "_sync", None)
+    client = redis.Redis.from_url(url, decode_responses=True)
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
 def database_url() -> str:
     """The URL of the test database pytest-django created, for the subprocesses to share it."""
     from django.db import connection

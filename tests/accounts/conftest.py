@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit, urlunsplit
-
 import pytest
 import redis
 from rest_framework.test import APIClient
 
-import platform_.redis
+from tests.conftest import own_redis_database
 
 DB = 6  # the accounts tests' own Redis database (last-used notes, usage counters, rate buckets)
 
 
 @pytest.fixture
 def own_redis(settings, redis_url, monkeypatch) -> redis.Redis:
-    url = urlunsplit(urlsplit(redis_url)._replace(path=f"/{DB}"))
-    settings.REDIS_URL = url
-    monkeypatch.setattr(platform_.redis, "_sync", None)
-    client = redis.Redis.from_url(url, decode_responses=True)
-    client.flushdb()
-    yield client
-    client.flushdb()
+    yield from own_redis_database(settings, redis_url, monkeypatch, DB)
 
 
 @pytest.fixture

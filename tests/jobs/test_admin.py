@@ -5,15 +5,14 @@ from __future__ import annotations
 import csv
 import io
 import re
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
 from django.urls import reverse
 
-import platform_.redis
 from jobs import quotas, scheduler
 from jobs.models import Chunk, Job, JobRow, JobStatus, Priority, RowStatus, UserShare
+from tests.conftest import own_redis_database
 from tests.jobs.factories import job_with_rows, user
 
 pytestmark = pytest.mark.django_db
@@ -23,14 +22,8 @@ DB = 14  # this module's own Redis database (the job page reads the offline rate
 @pytest.fixture(autouse=True)
 def own_redis(settings, redis_url, monkeypatch) -> redis.Redis:
     """An empty Redis database of this module's own, and no standing cached by an earlier test."""
-    url = urlunsplit(urlsplit(redis_url)._replace(path=f"/{DB}"))
-    settings.REDIS_URL = url
-    monkeypatch.setattr(platform_.redis, "_sync", None)
     monkeypatch.setattr(scheduler, "_cache", None)
-    client = redis.Redis.from_url(url, decode_responses=True)
-    client.flushdb()
-    yield client
-    client.flushdb()
+    yield from own_redis_database(settings, redis_url, monkeypatch, DB)
 
 
 @pytest.fixture

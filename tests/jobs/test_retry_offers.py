@@ -13,7 +13,6 @@ import importlib
 import io
 import re
 from datetime import timedelta
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -22,9 +21,9 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-import platform_.redis
 from jobs import lifecycle, scheduler
 from jobs.models import Chunk, ChunkStatus, Job, JobRow, JobStatus, RowStatus
+from tests.conftest import own_redis_database
 from tests.jobs.factories import user
 
 pytestmark = pytest.mark.django_db
@@ -35,14 +34,8 @@ INPUT_NOTE = "3 rows failed because of their input (empty text): fix the file an
 @pytest.fixture(autouse=True)
 def own_redis(settings, redis_url, monkeypatch) -> redis.Redis:
     """An empty Redis database of this module's own, and no standing cached by an earlier test."""
-    url = urlunsplit(urlsplit(redis_url)._replace(path=f"/{DB}"))
-    settings.REDIS_URL = url
-    monkeypatch.setattr(platform_.redis, "_sync", None)
     monkeypatch.setattr(scheduler, "_cache", None)
-    client = redis.Redis.from_url(url, decode_responses=True)
-    client.flushdb()
-    yield client
-    client.flushdb()
+    yield from own_redis_database(settings, redis_url, monkeypatch, DB)
 
 
 @pytest.fixture
