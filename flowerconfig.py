@@ -29,8 +29,8 @@ _logger = _logging.getLogger("flowerconfig")
 
 def _platform_queue_names() -> list[str]:
     """Every queue a worker of this platform consumes: `offline` and each online queue of the models file."""
-    from inference.queues import online_queues
-    from inference.registry import get_registry
+    from inference.core.queues import online_queues
+    from inference.core.registry import get_registry
     from platform_.celery import OFFLINE_QUEUE
 
     return [OFFLINE_QUEUE, *online_queues(get_registry())]

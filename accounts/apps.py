@@ -11,7 +11,7 @@ class AccountsConfig(AppConfig):
 
         from accounts import lastused, schema, usage  # noqa: F401  (schema: registers the key scheme)
         from accounts.models import ApiKey, Quota
-        from inference.api import auth
+        from inference.web.api import auth
         from observability import registry
 
         # A key revoked, expired early, narrowed or deleted: every web process forgets its cached

@@ -8,7 +8,7 @@ from django import forms
 from django.utils import timezone
 
 from accounts.credentials import SCOPE_CHOICES, SCOPES
-from inference.registry import get_registry
+from inference.core.registry import get_registry
 
 EXPIRY_CHOICES = [("", "Never"), ("7", "In 7 days"), ("30", "In 30 days"), ("90", "In 90 days"), ("365", "In a year")]
 

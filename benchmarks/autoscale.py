@@ -8,7 +8,7 @@ Brings up what it needs in a temporary directory, as benchmarks/upload.py does: 
 configuration in turn and on a fresh Redis database of that server: uvicorn (2 processes, as `make
 run`) and one online Celery worker serving `--model` only (WORKER_MODELS; `router` is a real
 all-MiniLM-L6-v2 forward pass), its pool fixed at 1 child (`-c 1`), fixed at 2 (`-c 2`), or autoscaled
-(`--autoscale=2,1`, inference/autoscale.py, with AUTOSCALE_KEEPALIVE_S=--keepalive). No offline worker.
+(`--autoscale=2,1`, inference/dispatch/autoscale.py, with AUTOSCALE_KEEPALIVE_S=--keepalive). No offline worker.
 
 Each configuration runs the same closed-loop load (well-behaved clients, one token, one text per
 request from benchmarks/corpus.txt): 4 clients for --warmup + --before seconds (the drain rate gets
@@ -46,7 +46,7 @@ import requests
 
 from benchmarks.loadgen import CORPUS, HERE, Result, Run, _Http, _measured
 from benchmarks.sweep import free_port
-from inference.keys import WORKERS_KEY
+from inference.core.keys import WORKERS_KEY
 from observability.keys import GAUGES_KEY
 
 ROOT = HERE.parent

@@ -1,7 +1,7 @@
 """The model's own ceiling, in this process: no HTTP, no queue, no other process.
 
 Single-request latency, throughput at each batch size in arrival order, and in length-sorted passes
-cut exactly as the workers cut them (inference.batching.plan_batches), with one torch thread per
+cut exactly as the workers cut them (inference.dispatch.batching.plan_batches), with one torch thread per
 process as the workers run: the figures the platform is measured against.
 """
 
@@ -37,8 +37,8 @@ def load_handler(model: str, threads: int = 1):
     django.setup()
     import torch
 
-    from inference.handlers import build_handler
-    from inference.registry import get_registry
+    from inference.child.handlers import build_handler
+    from inference.core.registry import get_registry
 
     torch.set_num_threads(threads)
     handler = build_handler(get_registry().get(model))
@@ -48,7 +48,7 @@ def load_handler(model: str, threads: int = 1):
 
 def sorted_passes_rate(handler, texts: list[str], dispatch: int, max_batch_size: int | None = None) -> float:
     """Texts/s when `dispatch` texts at a time are cut into length-sorted passes, as a worker child does."""
-    from inference.batching import plan_batches
+    from inference.core.planning import plan_batches
 
     spec = handler.spec
     size = max_batch_size or spec.max_batch_size

@@ -8,7 +8,7 @@
 #   --dry-run      print the plan (every command, in order) and run nothing: works without a GPU
 #   --seconds      per sweep step (default 30)
 #   --children     online worker children (default: one per GPU that nvidia-smi lists; child i uses
-#                  cuda:(i mod GPUs), inference/gpu.py)
+#                  cuda:(i mod GPUs), inference/core/gpu.py)
 #   --dtype        run every model with weights in this dtype (writes a copy of the models file);
 #                  default: the models file as it is (float32 unless it says otherwise)
 #

@@ -22,8 +22,8 @@ def serve(port: int, model: str) -> None:
     import django
 
     django.setup()
-    from inference.handlers import build_handler
-    from inference.registry import get_registry
+    from inference.child.handlers import build_handler
+    from inference.core.registry import get_registry
 
     handler = build_handler(get_registry().get(model))
     handler.warm_up()

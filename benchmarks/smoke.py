@@ -16,7 +16,7 @@ from collections import Counter
 import redis
 
 from benchmarks.loadgen import HERE, closed_loop
-from inference.keys import stats_key
+from inference.core.keys import stats_key
 
 
 def default_token() -> str:

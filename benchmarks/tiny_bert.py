@@ -25,7 +25,7 @@ def _build(out_dir: Path, model_class: str, labels: tuple[str, ...] | None, seed
     import torch
     import transformers
 
-    from inference.registry import resolve_path
+    from inference.core.registry import resolve_path
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -10,11 +10,11 @@ class InferenceConfig(AppConfig):
         from django.db.models.signals import post_delete, post_save
         from rest_framework.authtoken.models import Token
 
-        from inference import diagnosis, monitoring
-        from inference.api import auth
+        from inference.web import diagnosis, monitoring
+        from inference.web.api import auth
         from observability import registry
 
-        # Cached tokens (inference/api/auth.py) are forgotten when one stops being valid.
+        # Cached tokens (inference/web/api/auth.py) are forgotten when one stops being valid.
         post_delete.connect(auth.revoked, sender=Token, dispatch_uid="auth-token-deleted")
         post_delete.connect(auth.revoked, sender=get_user_model(), dispatch_uid="auth-user-deleted")
         post_save.connect(auth.user_deactivated, sender=get_user_model(), dispatch_uid="auth-user-deactivated")

@@ -1,4 +1,4 @@
-"""Celery tasks of the online path (thin: the work is in inference/serving.py)."""
+"""Celery tasks of the online path (thin: the work is in inference/child/serving.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ from typing import Any
 from celery import signals
 from django.conf import settings
 
-from inference import worker_process
-from inference.admission import queue_release
-from inference.batching import AdaptiveBatches, group_by
-from inference.dispatch import Limits, Work
-from inference.queues import apply_to_worker
-from inference.registry import get_registry
-from inference.replies import queue_replies
-from inference.serving import part_of, serve_online
-from inference.workers import record_batch
+from inference.child import worker_process
+from inference.child.serving import part_of, serve_online
+from inference.core.backlog import queue_release
+from inference.core.planning import group_by
+from inference.core.queues import apply_to_worker
+from inference.core.registry import get_registry
+from inference.core.replies import queue_replies
+from inference.core.workers import record_batch
+from inference.dispatch.batching import AdaptiveBatches
+from inference.dispatch.fair import Limits, Work
 from observability.sampler import tick as sample_tick
 from platform_.celery import app
 from platform_.periodic import Periodic
@@ -45,7 +46,7 @@ class OnlineBatches(AdaptiveBatches):
 
     def work_for(self, request: Any, received_s: float) -> Work:
         kwargs = request.kwargs
-        # The web tier counted each text's tokens when it admitted the request (inference/tokens.py).
+        # The web tier counted each text's tokens when it admitted the request (inference/core/tokens.py).
         costs = kwargs.get("tokens") or [1] * len(kwargs["inputs"])
         return Work(request, kwargs["model"], str(kwargs.get("client", "")), costs, received_s, kwargs["deadline"])
 
@@ -89,7 +90,7 @@ def _hand_back_waiting(**_: Any) -> None:
 
 @signals.celeryd_after_setup.connect  # after -Q is applied, before the consumer starts and the pool forks
 def _per_model_queues(instance: Any, **_: Any) -> None:
-    """`-Q online` becomes the online queues of this worker's models (inference/queues.py)."""
+    """`-Q online` becomes the online queues of this worker's models (inference/core/queues.py)."""
     names = apply_to_worker(instance.app, get_registry(), settings.WORKER_MODELS)
     logger.info("consuming %s", ", ".join(names))
 

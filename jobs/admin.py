@@ -26,7 +26,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.text import capfirst
 from django.views.decorators.http import require_POST
 
-from inference.labels import labels_for
+from inference.core.labels import labels_for
 from jobs import export, lifecycle, quotas, scheduler
 from jobs.batches import batch_object
 from jobs.display import ahead_texts, answer_html, duration_text, input_html, score_meaning, task_of, time_left_text

@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from inference.registry import get_registry
+from inference.core.registry import get_registry
 from jobs import files, lifecycle, quotas
 from jobs.ingest import DecodedLines, json_line_chars, storable
 from jobs.models import (
@@ -268,7 +268,7 @@ def success_body(batch: Batch, row: JobRow) -> dict[str, Any]:
     and `worker`, which belong to one HTTP call)."""
     job = batch.job
     if batch.endpoint == EMBEDDINGS_ENDPOINT:
-        from inference.api.openai_compat import embeddings_body
+        from inference.web.api.openai_compat import embeddings_body
 
         encoding = (row.inputs or {}).get("encoding_format", "float") if isinstance(row.inputs, dict) else "float"
         return embeddings_body(job.model, [row.output], [row.tokens], encoding)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from inference.registry import get_registry
+from inference.core.registry import get_registry
 from jobs.ingest import in_task_order
 from jobs.models import Job, JobRow, JobStatus
 

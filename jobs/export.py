@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from django.db.models import Exists, OuterRef, QuerySet
 from django.http import StreamingHttpResponse
 
-from inference.registry import get_registry
+from inference.core.registry import get_registry
 from jobs.models import Job, JobRow
 from platform_.streams import streaming_response
 

@@ -1,7 +1,7 @@
 """Who runs next offline: the offline workers shared fairly between priorities, users and jobs.
 
 A pure policy, with no database and no broker (jobs/scheduler.py is its adapter), as
-`inference/dispatch.py` is for online work. Each pick hands out one chunk, chosen by start-time fair
+`inference/dispatch/fair.py` is for online work. Each pick hands out one chunk, chosen by start-time fair
 queuing (SFQ, Goyal et al.) at three levels, each charged the chunk's cost in tokens (the pricing
 online admission uses, so a user's long texts count for what they cost the model):
 

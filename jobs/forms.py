@@ -6,8 +6,8 @@ import re
 
 from django import forms
 
-from inference.registry import get_registry
-from inference.task_io import input_fields
+from inference.core.registry import get_registry
+from inference.core.task_io import input_fields
 from jobs.ingest import COLUMN_FIELDS, IngestError, column_field, default_column
 from jobs.models import Priority
 

@@ -8,7 +8,7 @@ decoded in blocks and split into lines after decoding, so UTF-16 and UTF-32 file
 an undecodable byte is reported with its line and column. Errors that make the file unusable raise
 IngestError; an empty or oversized value fails only its row.
 
-Which columns are read follows the model's task (inference/task_io.py): one column per input field,
+Which columns are read follows the model's task (inference/core/task_io.py): one column per input field,
 named by the upload's `<field>_column` (`text_column` for text tasks; `question_column` and
 `context_column` for question-answering). `input_columns` turns those upload fields into the mapping.
 """
@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from inference.task_io import INPUT_FIELDS, input_fields
+from inference.core.task_io import INPUT_FIELDS, input_fields
 
 # Decoding happens a block at a time; checking the file's start therefore checks at least the first block's bytes.
 BLOCK_BYTES = 64 * 1024

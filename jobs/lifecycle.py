@@ -19,9 +19,9 @@ from django.db import IntegrityError, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from inference.registry import ModelSpec, get_registry
-from inference.task_io import takes_text
-from inference.tokens import token_counts
+from inference.core.registry import ModelSpec, get_registry
+from inference.core.task_io import takes_text
+from inference.core.tokens import token_counts
 from jobs import enqueue, files, quotas, readers, scheduler
 from jobs.files import PartsGone, PartsReader
 from jobs.ingest import IngestError, IngestLimits, in_task_order, input_columns, shown

@@ -79,7 +79,7 @@ class Job(models.Model):
     filename = models.CharField(max_length=255, blank=True)
     file_format = models.CharField(max_length=8, choices=FileFormat.choices, default=FileFormat.CSV)
     text_column = models.CharField(max_length=255, blank=True)
-    # For tasks whose inputs have several fields (inference/task_io.py): input field -> CSV column,
+    # For tasks whose inputs have several fields (inference/core/task_io.py): input field -> CSV column,
     # e.g. {"question": "q", "context": "passage"}. Empty for text tasks, which read `text_column`.
     input_columns = models.JSONField(default=dict, blank=True)
     id_column = models.CharField(max_length=255, blank=True)
@@ -541,7 +541,7 @@ class Chunk(models.Model):
     # the database for its turn. Only a few chunks per offline child are sent ahead, so the broker never
     # holds a backlog in arrival order that the fair-share policy could not reorder.
     dispatched_at = models.DateTimeField(null=True, blank=True)
-    # What the chunk costs the model in tokens (inference/tokens.py, as online admission prices a
+    # What the chunk costs the model in tokens (inference/core/tokens.py, as online admission prices a
     # request): the fair share charges each user for what their rows cost, not for how many there are.
     cost_tokens = models.PositiveBigIntegerField(default=0)
     # Touched whenever a worker makes progress on the chunk; the reconciler re-enqueues chunks

@@ -398,7 +398,7 @@ class BatchRequestReader:
             index += 1
 
     def _spec(self):
-        from inference.registry import get_registry  # the registry of the process reading the file
+        from inference.core.registry import get_registry  # the registry of the process reading the file
 
         return get_registry().get(self.model)
 
@@ -472,10 +472,10 @@ EMBEDDING_TASK = "embedding"
 
 def _request_row(index: int, custom_id: str, body: dict, spec, endpoint: str, limits: IngestLimits) -> Row:
     """The row of one request: its input, or the endpoint's own refusal as the row's error."""
-    from inference.api.openai_compat import parse_embeddings_request  # the endpoint's own checks
-    from inference.registry import get_registry
-    from inference.task_io import input_fields, takes_text
-    from inference.validation import validate_inputs
+    from inference.core.registry import get_registry
+    from inference.core.task_io import input_fields, takes_text
+    from inference.web.api.openai_compat import parse_embeddings_request  # the endpoint's own checks
+    from inference.web.validation import validate_inputs
     from platform_.errors import ApiError
 
     try:

@@ -16,12 +16,12 @@ import redis
 from django.conf import settings
 
 from accounts import usage
-from inference import runtime
-from inference.admission import online_in_flight
-from inference.batching import group_by
-from inference.registry import ModelSpec, get_registry
-from inference.task_io import input_fields, takes_text
-from inference.tokens import qa_tokens
+from inference.child import runtime
+from inference.core.backlog import online_in_flight
+from inference.core.planning import group_by
+from inference.core.registry import ModelSpec, get_registry
+from inference.core.task_io import input_fields, takes_text
+from inference.core.tokens import qa_tokens
 from jobs import lifecycle, scheduler
 from jobs.ingest import inputs_error, row_error
 from jobs.keys import OFFLINE_YIELD_FIELD, offline_inference_field, offline_rows_field, offline_user_rows_field

@@ -26,8 +26,8 @@ from django.db import connection, transaction
 from django.db.models import Count, F, Max, Sum
 from django.utils import timezone
 
-from inference.keys import WORKERS_KEY
-from inference.workers import alive_workers
+from inference.core.keys import WORKERS_KEY
+from inference.core.workers import alive_workers
 from jobs import enqueue, fairshare
 from jobs.models import RUNNABLE, Chunk, ChunkStatus, Job, SchedulerState, UserShare
 from platform_.redis import get_redis

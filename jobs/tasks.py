@@ -11,8 +11,8 @@ from celery import signals
 from django import db
 from django.conf import settings
 
-from inference import worker_process
-from inference.batching import AdaptiveBatches
+from inference.child import worker_process
+from inference.dispatch.batching import AdaptiveBatches
 from jobs import batches, callbacks, enqueue, retention
 from jobs.keys import RECONCILER
 from jobs.lifecycle import run_ingest
@@ -108,7 +108,7 @@ def _lower_priority(**_: Any) -> None:
         lower_cpu_priority(settings.OFFLINE_NICE)
 
 
-@signals.celeryd_after_setup.connect  # before the consumer starts; inference/queues.py keeps named queues
+@signals.celeryd_after_setup.connect  # before the consumer starts; inference/core/queues.py keeps named queues
 def _consume_callbacks(instance: Any, **_: Any) -> None:
     if worker_role() == "offline":
         instance.app.amqp.queues.select_add(enqueue.CALLBACK_QUEUE)

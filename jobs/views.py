@@ -23,7 +23,7 @@ from django.utils.functional import SimpleLazyObject
 from django.utils.text import capfirst
 from django.views.decorators.http import require_POST, require_safe
 
-from inference.registry import get_registry
+from inference.core.registry import get_registry
 from jobs import export, lifecycle, quotas, scheduler
 from jobs.api.throttles import JobCreateThrottle, RetryThrottle, refusal, refused_wait_s
 from jobs.api.views import create_from_upload

@@ -44,7 +44,7 @@ def size_bucket(size: int) -> int:
 
 
 def status_class(outcome: str) -> str:
-    """The status class of an outcome label (inference/observe.py: "ok", "400", "503_<reason>", "504"...).
+    """The status class of an outcome label (inference/web/observe.py: "ok", "400", "503_<reason>", "504"...).
 
     429, 503 and 504 stay apart from their class: they are the platform refusing or giving up (a
     client over its share, admission, a deadline), not a client's mistake or a bug.

@@ -2,7 +2,7 @@
 
 A rule is a function of a `Snapshot` that returns a `Finding` when its row of the table holds, an
 `Unevaluated` when its figures are missing, or None. The online rules live with the figures they
-read (inference/diagnosis.py); this one reads only the host gauges the sampler writes.
+read (inference/web/diagnosis.py); this one reads only the host gauges the sampler writes.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from rest_framework.request import Request
 
 # The API's sections, in the order the docs list them. drf-spectacular tagged every operation "api" (the
 # first segment of /api/v1/...) and the predict operation, which a hook adds after the others
-# (inference/api/schema.py), "models": Swagger UI listed predict last, under a section of its own after
+# (inference/web/api/schema.py), "models": Swagger UI listed predict last, under a section of its own after
 # every other endpoint, although it is what most callers come for. Swagger UI and Redoc list sections in
 # the order of the schema's `tags`, and operations within one in the order of `paths`.
 SECTIONS: list[dict[str, str]] = [

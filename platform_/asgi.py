@@ -59,13 +59,13 @@ from platform_.bodies import BodyGuard, declared_length, send_response, too_larg
 
 # The apps' entry points this wiring serves, named by dotted path as the URLconf names its includes:
 # platform_ imports no app.
-PREDICT_VIEW = "inference.api.views.predict_view"
-PREDICT_EARLY_REFUSAL = "inference.api.views.early_refusal"
+PREDICT_VIEW = "inference.web.api.views.predict_view"
+PREDICT_EARLY_REFUSAL = "inference.web.api.views.early_refusal"
 # OpenAI-compatible embeddings: predict under another wire format, so the same lean path (without the
 # header-only early refusal: its model is named in the body).
-EMBEDDINGS_VIEW = "inference.api.openai_compat.embeddings_view"
+EMBEDDINGS_VIEW = "inference.web.api.openai_compat.embeddings_view"
 EMBEDDINGS_PATH = "/v1/embeddings"
-UPLOAD_AUTH = "inference.api.auth"
+UPLOAD_AUTH = "inference.web.api.auth"
 
 logger = logging.getLogger("django.request")
 

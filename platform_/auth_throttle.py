@@ -20,7 +20,7 @@ The client address is the connection's peer, or X-Forwarded-For from a configure
 (platform_/server.py, FORWARDED_ALLOW_IPS).
 
 Only checks that could be guesses pay for this. The predict path asks Redis only when it has to go
-to the database anyway (a token its process does not already trust, inference/api/auth.py), so a
+to the database anyway (a token its process does not already trust, inference/web/api/auth.py), so a
 cached token costs nothing. If Redis is down the check lets the attempt through (fails open):
 throttling is a defence in depth, and refusing every login because Redis is away would be worse.
 """
@@ -207,7 +207,7 @@ class ThrottledTokenAuthentication(TokenAuthentication):
         try:
             return self._authenticate(auth)
         except exceptions.AuthenticationFailed:
-            # A valid token is accepted even from a throttled address (see inference/api/auth.py): only
+            # A valid token is accepted even from a throttled address (see inference/web/api/auth.py): only
             # failures are refused, so one tenant cannot lock out others behind the same address.
             if wait_s := blocked_for_s_sync(client_ip):
                 raise AuthThrottled(client_ip, wait_s) from None

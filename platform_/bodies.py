@@ -84,7 +84,7 @@ async def anonymous_upload_refusal(scope: dict, kind: str, auth: Any) -> HttpRes
 
     The same rules as the views behind it: the API takes `Authorization: Token <key>` first, then a
     session (DRF's TokenAuthentication, SessionAuthentication); the page takes a session. Lookups go
-    through `auth` (the predict view's helpers, inference/api/auth.py, handed in by platform_/asgi.py):
+    through `auth` (the predict view's helpers, inference/web/api/auth.py, handed in by platform_/asgi.py):
     its token cache, failed-authentication throttling and run_db.
     CSRF is left to the view, which checks it after the body is read.
     """

@@ -22,7 +22,7 @@ app = Celery("platform_")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
 # `online` is not a list anything is published to: on a worker's -Q it stands for the online queues
-# of the worker's models, `online.<model>` (inference/queues.py rewrites it before consuming starts).
+# of the worker's models, `online.<model>` (inference/core/queues.py rewrites it before consuming starts).
 ONLINE_QUEUE = "online"
 ONLINE_QUEUE_PREFIX = f"{ONLINE_QUEUE}."
 OFFLINE_QUEUE = "offline"
@@ -36,9 +36,9 @@ app.conf.update(
     # the worker two Redis transactions per message (kombu's unacked bookkeeping and the ack; ~60% of
     # the online worker's main-process CPU, docs/benchmarks.md). Offline chunks keep acks_late.
     # Online messages are never published through Celery: the web tier's admission script pushes them
-    # onto their model's queue (inference/publish.py), so no route names them here.
+    # onto their model's queue (inference/web/publish.py), so no route names them here.
     # Each queue has its own exchange: a queue given none shares the default (offline) one, and kombu's
-    # Redis transport would copy every offline message into it (inference/queues.py, online_queue).
+    # Redis transport would copy every offline message into it (inference/core/queues.py, online_queue).
     task_queues=(
         Queue(ONLINE_QUEUE, Exchange(ONLINE_QUEUE, type="direct"), routing_key=ONLINE_QUEUE, no_ack=True),
         Queue(OFFLINE_QUEUE, Exchange(OFFLINE_QUEUE, type="direct"), routing_key=OFFLINE_QUEUE),

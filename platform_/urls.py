@@ -46,12 +46,12 @@ urlpatterns = [
     path("admin/logout/", LogoutView.as_view(next_page="/accounts/login/")),
     path("admin/", admin.site.urls),
     path("", include("observability.urls")),  # /dashboard/, /dashboard/data.json, /metrics
-    path("api/v1/", include("inference.api.urls")),
+    path("api/v1/", include("inference.web.api.urls")),
     path("api/v1/", include("jobs.api.urls")),
-    # OpenAI-compatible embeddings for OpenAI clients (base_url <host>/v1): inference/api/openai_compat.py.
+    # OpenAI-compatible embeddings for OpenAI clients (base_url <host>/v1): inference/web/api/openai_compat.py.
     # The OpenAI Files and Batch APIs over offline jobs (jobs/api/openai_batches.py), before the catch-all.
     path("v1/", include("jobs.api.openai_batches")),
-    path("v1/", include("inference.api.openai_compat")),
+    path("v1/", include("inference.web.api.openai_compat")),
     path("jobs/", include("jobs.urls")),
     path("", include("accounts.urls")),  # /keys/ (and /usage/): each user's own API keys and consumption
     # Session login for people (browser pages, and API calls from a logged-in browser).

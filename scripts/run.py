@@ -186,7 +186,7 @@ BANNER_QUIET_S = 3.0
 BANNER_MAX_WAIT_S = 60.0
 
 
-# What a worker child logs once its models are loaded (inference/worker_process.py); the banner waits for
+# What a worker child logs once its models are loaded (inference/child/worker_process.py); the banner waits for
 # a child of each role, so the offline worker's model loading does not scroll it away.
 CHILD_READY = re.compile(rb"worker child \S+ ready on (online|offline)")
 ROLES = frozenset({b"online", b"offline"})

@@ -22,7 +22,7 @@ import requests
 import yaml
 
 from benchmarks.tiny_bert import MINILM, build_tiny_classifier, build_tiny_qa, build_tiny_token_classifier
-from inference.keys import WORKERS_KEY, stats_key
+from inference.core.keys import WORKERS_KEY, stats_key
 
 ROOT = Path(__file__).resolve().parent.parent
 TIGHT_BACKLOG = 4

@@ -79,7 +79,7 @@ def test_qa_fields_that_are_not_strings_get_a_400_naming_the_field(stack, model)
 def test_qa_fields_that_are_blank_or_that_the_tokenizer_drops_entirely_get_a_400(stack, model):
     """Found here: zero-width and direction marks, a BOM, a soft hyphen, lone combining marks or NUL
     passed the blank check, and the span model answered "" with score 0.0 (the sentence model
-    returned the marks themselves as the answer). Fixed in inference/tokens.py."""
+    returned the marks themselves as the answer). Fixed in inference/core/tokens.py."""
     for blank in ["   \n\t ", "\u2028\u2029"]:
         response = stack.predict(model, [{"question": "what?", "context": blank}])
         assert response.status_code == 400 and response.json()["detail"] == "inputs[0].context is empty"
@@ -238,7 +238,7 @@ def test_embeddings_content_types_and_authorization_variants(stack):
 @pytest.mark.integration
 def test_other_methods_on_the_openai_model_list_are_405_in_openai_shape(stack):
     """Found here: POST /v1/models with a Bearer token answered 403 "CSRF check failed" in the
-    platform's shape, as if the client had sent a session. Fixed in inference/api/openai_compat.py."""
+    platform's shape, as if the client had sent a session. Fixed in inference/web/api/openai_compat.py."""
     for path in ["/v1/models", "/v1/models/embedding"]:
         for method in ("POST", "DELETE", "PUT"):
             response = requests.request(

@@ -7,7 +7,7 @@ from rest_framework import serializers
 
 from accounts.credentials import SCOPES
 from accounts.models import ApiKey
-from inference.registry import get_registry
+from inference.core.registry import get_registry
 
 
 class ApiKeySerializer(serializers.ModelSerializer):

@@ -31,8 +31,8 @@ from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from inference.api.openai_compat import OpenAIError, openai_error
-from inference.validation import parse_json_body
+from inference.web.api.openai_compat import OpenAIError, openai_error
+from inference.web.validation import parse_json_body
 from jobs import batches, files
 from jobs.api.throttles import JobCreateThrottle, throttled
 from jobs.api.views import job_create_refusal

@@ -6,7 +6,7 @@ from django.conf import settings
 from rest_framework import serializers
 from rest_framework.reverse import reverse
 
-from inference.registry import get_registry
+from inference.core.registry import get_registry
 from jobs.callbacks import CallbackRefused, check_destination
 from jobs.ingest import shown
 from jobs.models import CallbackSecret, FileFormat, Job, JobRow, Priority
@@ -115,7 +115,7 @@ class JobCreateSerializer(serializers.Serializer):
 
     file = serializers.FileField()
     model = serializers.CharField(required=False, help_text="a served model name; default: the registry's default")
-    # One `<field>_column` per input field of the model's task (inference/task_io.py); which are
+    # One `<field>_column` per input field of the model's task (inference/core/task_io.py); which are
     # needed, and that none is given that the task does not read, is checked by ingest.input_columns.
     text_column = serializers.CharField(
         required=False,

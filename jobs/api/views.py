@@ -16,7 +16,7 @@ from rest_framework.response import Response
 
 from accounts.credentials import JOBS_WRITE
 from accounts.scopes import require_model
-from inference.registry import get_registry
+from inference.core.registry import get_registry
 from jobs import export, lifecycle
 from jobs.api.serializers import JobCreateSerializer, JobSerializer, RowSerializer
 from jobs.api.throttles import JobCreateThrottle, ListThrottle, ResultsThrottle, RetryThrottle, throttled

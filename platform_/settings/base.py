@@ -145,7 +145,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "inference.api.schema.add_predict_endpoint",
+        "inference.web.api.schema.add_predict_endpoint",
         # The docs' sections, predict first (after the predict endpoint is added).
         "platform_.api_docs.order_sections",
         # After the others: documents the shared 4xx answers (auth, throttles, limits) on every operation.
@@ -250,7 +250,7 @@ ONLINE_ADMISSION_HEADROOM = env.float("ONLINE_ADMISSION_HEADROOM", default=0.35)
 # the workers; it makes a refusal under overload about 5x cheaper (docs/benchmarks.md). 0: off.
 ONLINE_REFUSAL_HOLD_MS = env.float("ONLINE_REFUSAL_HOLD_MS", default=50.0)
 # ONLINE_BATCH_WAIT_MS: how long a free worker child waits for company before it takes a lone request.
-# Batches form anyway while children are busy (see inference/batching.py); on a CPU a wait only adds
+# Batches form anyway while children are busy (see inference/dispatch/batching.py); on a CPU a wait only adds
 # latency, so 0. On a GPU, where a batch of 8 costs about what 1 does, 2 to 5 ms pays.
 ONLINE_BATCH_WAIT_MS = env.float("ONLINE_BATCH_WAIT_MS", default=0.0)
 # ONLINE_RATE_WINDOW_S: how far back the drain rate used by admission is measured.
@@ -264,7 +264,7 @@ DISPATCHER_HEARTBEAT_S = env.float("DISPATCHER_HEARTBEAT_S", default=1.0)
 # requests that do not fit the default deadline); longer asks are capped to it.
 ONLINE_MAX_DEADLINE_MS = env.int("ONLINE_MAX_DEADLINE_MS", default=max(ONLINE_DEADLINE_MS, 10_000))
 # ONLINE_MAX_BACKLOG_TOKENS: tokens queued plus in flight per model, across all web processes. Admission
-# prices requests in tokens (inference/tokens.py), so one request of 64 long texts weighs what it costs.
+# prices requests in tokens (inference/core/tokens.py), so one request of 64 long texts weighs what it costs.
 ONLINE_MAX_BACKLOG_TOKENS = env.int("ONLINE_MAX_BACKLOG_TOKENS", default=65_536)
 # ONLINE_REQUEST_OVERHEAD_TOKENS: what a request costs beyond its tokens, in tokens (measured on a
 # 2-core CPU: a lone one-text pass takes ~25 ms more than its tokens alone would, ~50 tokens' worth).
@@ -457,12 +457,12 @@ METRICS_PUBLIC = env.bool("METRICS_PUBLIC", default=False)
 FLOWER_URL = env.str("FLOWER_URL", default="http://127.0.0.1:5555/")
 
 # ---------------------------------------------------------------------------------------------
-# Autoscaler (inference/autoscale.py)
+# Autoscaler (inference/dispatch/autoscale.py)
 # ---------------------------------------------------------------------------------------------
 # A worker started with --autoscale=MAX,MIN sizes its pool with this class: an online worker on the
 # predicted wait of its queues (backlog tokens over the measured drain rate), not on Celery's count of
 # reserved tasks (always 0 for celery-batches tasks); an offline worker keeps Celery's own rule.
-CELERY_WORKER_AUTOSCALER = "inference.autoscale:PredictedWaitAutoscaler"
+CELERY_WORKER_AUTOSCALER = "inference.dispatch.autoscale:PredictedWaitAutoscaler"
 # AUTOSCALE_GROW_WAIT_SHARE: grow by one child when the predicted wait passes this share of
 # ONLINE_DEADLINE_MS (below ONLINE_ADMISSION_HEADROOM, so the pool grows before admission refuses).
 AUTOSCALE_GROW_WAIT_SHARE = env.float("AUTOSCALE_GROW_WAIT_SHARE", default=0.25)

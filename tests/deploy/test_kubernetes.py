@@ -18,8 +18,8 @@ import pytest
 import yaml
 from django.conf import settings
 
-from inference.queues import online_queues
-from inference.registry import parse_registry
+from inference.core.queues import online_queues
+from inference.core.registry import parse_registry
 from tests.conftest import ROOT
 
 KUSTOMIZATIONS = {"base": "deploy/kubernetes/base", "gpu": "deploy/kubernetes/overlays/gpu"}

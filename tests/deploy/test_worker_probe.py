@@ -19,7 +19,7 @@ import pytest
 import redis
 from django.core.management import call_command
 
-from inference.keys import DISPATCHERS_KEY, WORKERS_KEY
+from inference.core.keys import DISPATCHERS_KEY, WORKERS_KEY
 from tests.conftest import ROOT, free_port
 
 DISPATCHER_S = 1.0  # DISPATCHER_HEARTBEAT_S: a dispatcher counts as stopped after 3 s without a beat

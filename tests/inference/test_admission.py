@@ -12,10 +12,10 @@ import uuid
 import pytest
 import redis.asyncio as aredis
 
-from inference.admission import Admission, retry_after_s
-from inference.keys import DISPATCHERS_KEY, WORKERS_KEY, backlog_key, backlog_keys, backlog_tokens_key, rate_key
-from inference.registry import ModelSpec
-from inference.workers import drain_rate_per_s
+from inference.core.keys import DISPATCHERS_KEY, WORKERS_KEY, backlog_key, backlog_keys, backlog_tokens_key, rate_key
+from inference.core.registry import ModelSpec
+from inference.core.workers import drain_rate_per_s
+from inference.web.admission import Admission, retry_after_s
 
 
 def test_retry_after_follows_the_drain_rate():

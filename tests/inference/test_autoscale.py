@@ -1,4 +1,4 @@
-"""The online pool grows and shrinks on predicted wait (inference/autoscale.py), not on reserved tasks."""
+"""The online pool grows and shrinks on predicted wait (inference/dispatch/autoscale.py), not on reserved tasks."""
 
 from __future__ import annotations
 
@@ -15,9 +15,16 @@ import pytest
 import redis
 from kombu.asynchronous.timer import Timer
 
-from inference.autoscale import Policy, PredictedWaitAutoscaler, is_low, read_gauges, ready_children, target_procs
-from inference.keys import WORKERS_KEY, backlog_tokens_key, last_rate_key
-from inference.workers import alive_workers
+from inference.core.keys import WORKERS_KEY, backlog_tokens_key, last_rate_key
+from inference.core.workers import alive_workers
+from inference.dispatch.autoscale import (
+    Policy,
+    PredictedWaitAutoscaler,
+    is_low,
+    read_gauges,
+    ready_children,
+    target_procs,
+)
 from observability.keys import GAUGES_KEY
 from tests.conftest import _start, _stop, wait_until
 

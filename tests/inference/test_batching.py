@@ -1,6 +1,6 @@
 """plan_batches: how a dispatched batch is cut into forward passes."""
 
-from inference.batching import plan_batches
+from inference.core.planning import plan_batches
 
 
 def flatten(passes):

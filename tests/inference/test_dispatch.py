@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inference.dispatch import FairDispatcher, Limits, Work
+from inference.dispatch.fair import FairDispatcher, Limits, Work
 
 LIMITS = {"m": Limits(max_texts=32, max_tokens=4096, contended_tokens=256), "n": Limits(8, 1000, 100)}
 

@@ -1,4 +1,4 @@
-"""Task events for batches (inference/events.py) and Flower's Broker tab (flowerconfig.py).
+"""Task events for batches (inference/dispatch/events.py) and Flower's Broker tab (flowerconfig.py).
 
 Flower builds its task list and counters with `celery.events.state.State` (its EventsState extends it),
 so the tests feed the events to one and check what Flower would show: one task per dispatched batch,
@@ -21,7 +21,7 @@ from celery_batches import Batches
 from kombu import Connection
 from kombu.clocks import LamportClock
 
-from inference.events import BatchEvents, BatchFailed, apply_batch
+from inference.dispatch.events import BatchEvents, BatchFailed, apply_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -176,7 +176,7 @@ def test_broker_tab_lists_every_platform_queue_whichever_workers_answered(settin
         "  embedding: {task: identity, path: x, queue: online.shared}\n"
         "  identity: {task: identity, path: x, queue: online.shared}\n"
     )
-    from inference.registry import get_registry
+    from inference.core.registry import get_registry
 
     settings.INFERENCE_MODELS_FILE = str(models)
     get_registry.cache_clear()  # the registry is read once per process: read this file, then forget it

@@ -7,8 +7,8 @@ import billiard
 import pytest
 import torch
 
-from inference import gpu
-from inference.gpu import DeviceError, pick_device
+from inference.core import gpu
+from inference.core.gpu import DeviceError, pick_device
 
 
 @pytest.mark.parametrize(
@@ -73,7 +73,7 @@ def test_cuda_on_a_cpu_host_is_refused_at_load_with_the_reason():
 
 
 def test_the_loaded_device_is_what_the_heartbeat_reports():
-    from inference.workers import WorkerState
+    from inference.core.workers import WorkerState
 
     try:
         gpu.set_loaded(["cuda:1", "cpu", "cuda:1"])

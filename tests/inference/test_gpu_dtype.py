@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from benchmarks.tiny_bert import MINILM
-from inference.handlers import build_handler
-from inference.registry import ModelSpec
+from inference.child.handlers import build_handler
+from inference.core.registry import ModelSpec
 
 TEXTS = [
     "I was charged twice for my subscription",

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pynvml
 import pytest
 
-from inference import gpu
-from inference.diagnosis import gpu_status
-from inference.workers import WorkerState
+from inference.core import gpu
+from inference.core.workers import WorkerState
+from inference.web.diagnosis import gpu_status
 from observability.diagnosis import Snapshot, diagnose, not_evaluated, report
 
 

@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from inference.keys import backlog_key, reply_key
-from inference.publish import task_message
+from inference.core.keys import backlog_key, reply_key
+from inference.web.publish import task_message
 from tests.conftest import _start, _stop, free_port, start_redis, wait_until
 
 pytestmark = pytest.mark.integration

@@ -17,11 +17,11 @@ import pytest
 import redis
 import requests
 
-from inference.admission import queue_purge
-from inference.keys import WORKERS_KEY, backlog_cost_key, backlog_key, backlog_keys, backlog_tokens_key, reply_key
-from inference.publish import task_message
-from inference.registry import ModelSpec
-from inference.tokens import token_counts
+from inference.core.backlog import queue_purge
+from inference.core.keys import WORKERS_KEY, backlog_cost_key, backlog_key, backlog_keys, backlog_tokens_key, reply_key
+from inference.core.registry import ModelSpec
+from inference.core.tokens import token_counts
+from inference.web.publish import task_message
 from platform_.redis import Increments
 from tests.conftest import MINILM, _start, _stop, wait_until
 
@@ -182,7 +182,7 @@ def test_expired_entries_leave_the_backlog_with_their_tokens(redis_client):
 
 @pytest.mark.django_db
 def test_the_sampler_purges_through_admission_so_tokens_do_not_leak(redis_client, settings):
-    from inference.monitoring import queue_depths
+    from inference.web.monitoring import queue_depths
 
     model = "identity"
     keys = backlog_keys(model)

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from inference.keys import backlog_key
+from inference.core.keys import backlog_key
 from tests.conftest import TIGHT_BACKLOG, wait_until
 
 pytestmark = pytest.mark.integration

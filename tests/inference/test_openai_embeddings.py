@@ -1,4 +1,4 @@
-"""The OpenAI-compatible embeddings API (inference/api/openai_compat.py), through the official `openai`
+"""The OpenAI-compatible embeddings API (inference/web/api/openai_compat.py), through the official `openai`
 client against the live stack: the same vectors as predict, OpenAI's shapes and errors, the same
 admission. The plain functions that shape requests, answers and errors are tested directly too.
 """
@@ -21,9 +21,9 @@ from openai import OpenAI
 from tokenizers import Tokenizer
 
 from benchmarks.tiny_bert import MINILM
-from inference.api.openai_compat import OpenAIError, embeddings_body, openai_error
-from inference.keys import backlog_key
-from inference.registry import resolve_path
+from inference.core.keys import backlog_key
+from inference.core.registry import resolve_path
+from inference.web.api.openai_compat import OpenAIError, embeddings_body, openai_error
 from platform_.errors import ApiError
 from tests.conftest import wait_until
 

@@ -1,11 +1,11 @@
-"""The online request message built by hand (inference/publish.py) is the one Celery would build."""
+"""The online request message built by hand (inference/web/publish.py) is the one Celery would build."""
 
 from __future__ import annotations
 
 import base64
 import json
 
-from inference.publish import task_message
+from inference.web.publish import task_message
 
 
 def test_the_message_matches_celerys_own_for_the_same_call():

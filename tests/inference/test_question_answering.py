@@ -15,17 +15,17 @@ import pytest
 import torch
 
 from benchmarks.tiny_bert import MINILM
-from inference import runtime
-from inference.handlers import build_handler
-from inference.handlers.question_answering import (
+from inference.child import runtime
+from inference.child.handlers import build_handler
+from inference.child.handlers.question_answering import (
     MAX_ANSWER_TOKENS,
     SentenceQAHandler,
     SpanQAHandler,
     best_spans,
     choose_answer,
 )
-from inference.registry import ModelSpec
-from inference.task_io import split_sentences
+from inference.core.registry import ModelSpec
+from inference.core.task_io import split_sentences
 
 EIFFEL = (
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. "

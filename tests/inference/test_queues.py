@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from inference.keys import WORKERS_KEY, reply_key
-from inference.publish import task_message
-from inference.queues import expand, online_queues, predicted_wait_s, served_models
-from inference.registry import RegistryError, parse_registry
+from inference.core.keys import WORKERS_KEY, reply_key
+from inference.core.queues import expand, online_queues, predicted_wait_s, served_models
+from inference.core.registry import RegistryError, parse_registry
+from inference.web.publish import task_message
 from tests.conftest import _start, _stop
 
 DEFAULTS = {"device": "cpu", "torch_threads": 1, "max_backlog": 8}

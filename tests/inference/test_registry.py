@@ -2,7 +2,7 @@
 
 import pytest
 
-from inference.registry import RegistryError, parse_registry, resolve_path
+from inference.core.registry import RegistryError, parse_registry, resolve_path
 
 DEFAULTS = {"device": "cpu", "torch_threads": 2, "max_backlog": 100}
 

@@ -20,10 +20,10 @@ import requests
 from tokenizers import Tokenizer
 
 from benchmarks.tiny_bert import MINILM
-from inference import task_io
-from inference.registry import ModelSpec
-from inference.tokens import _untruncated_for, token_counts
-from inference.validation import validate_inputs
+from inference.core import task_io
+from inference.core.registry import ModelSpec
+from inference.core.tokens import _untruncated_for, token_counts
+from inference.web.validation import validate_inputs
 from platform_.errors import ApiError
 from tests.conftest import wait_until
 
@@ -253,7 +253,7 @@ QUESTIONS = [
 
 
 def test_sentence_qa_is_priced_at_what_its_handler_runs():
-    from inference.handlers.question_answering import SentenceQAHandler
+    from inference.child.handlers.question_answering import SentenceQAHandler
 
     spec = qa_spec("sentence", max_seq_length=32)
     assert token_counts(spec, QUESTIONS) == _handler_tokens(SentenceQAHandler.load(spec), QUESTIONS)
@@ -261,7 +261,7 @@ def test_sentence_qa_is_priced_at_what_its_handler_runs():
 
 @pytest.mark.parametrize("doc_stride", [None, 4, 30])
 def test_span_qa_is_priced_at_what_its_handler_runs(tiny_qa, doc_stride):
-    from inference.handlers import question_answering
+    from inference.child.handlers import question_answering
 
     assert question_answering.MIN_CONTEXT_TOKENS_PER_WINDOW == task_io.MIN_CONTEXT_TOKENS_PER_WINDOW
     spec = ModelSpec(

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from benchmarks.tiny_bert import ENTITY_LABELS, MINILM
-from inference import runtime
-from inference.handlers.token_classification import TokenClassificationHandler, merge_entities
-from inference.registry import ModelSpec
+from inference.child import runtime
+from inference.child.handlers.token_classification import TokenClassificationHandler, merge_entities
+from inference.core.registry import ModelSpec
 
 PLAIN_LABELS = {label.removeprefix("B-").removeprefix("I-") for label in ENTITY_LABELS} - {"O"}
 MAX_SEQ_LENGTH_TOKENS = 32
@@ -109,7 +109,7 @@ def test_token_classification_offsets_slice_punctuation_and_unicode_text():
     """Offsets from the real tokenizer (which lower-cases and strips accents) still index the text as written."""
     from transformers import AutoTokenizer
 
-    from inference.registry import resolve_path
+    from inference.core.registry import resolve_path
 
     text = "Zoë Müller visited 北京, (Washingtonville)!"
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_path(MINILM)), local_files_only=True)

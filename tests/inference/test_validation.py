@@ -2,7 +2,7 @@
 
 import pytest
 
-from inference.validation import parse_deadline_ms, parse_json_body, validate_inputs
+from inference.web.validation import parse_deadline_ms, parse_json_body, validate_inputs
 from platform_.errors import ApiError
 
 LIMITS = {"max_inputs": 3, "max_chars": 20}

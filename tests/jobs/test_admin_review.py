@@ -9,7 +9,7 @@ import re
 import pytest
 from django.urls import reverse
 
-from inference.labels import labels_for
+from inference.core.labels import labels_for
 from jobs.models import Job, JobRow, JobStatus, RowStatus
 from tests.jobs.factories import job_with_rows, user
 
@@ -42,7 +42,7 @@ def test_labels_for_reads_a_classifiers_id2label_in_id_order(tmp_path, settings)
     (model / "config.json").write_text('{"id2label": {"1": "positive", "0": "negative", "10": "mixed"}}')
     models = tmp_path / "models.yaml"
     models.write_text(f"models:\n  sentiment:\n    task: text-classification\n    path: {model}\n")
-    from inference.registry import get_registry
+    from inference.core.registry import get_registry
 
     settings.INFERENCE_MODELS_FILE = str(models)
     get_registry.cache_clear()

@@ -19,7 +19,7 @@ from django.urls import reverse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from inference.registry import get_registry
+from inference.core.registry import get_registry
 from jobs import export, lifecycle
 from jobs.api.serializers import JobCreateSerializer
 from jobs.display import answer_html, input_html, snippet_html

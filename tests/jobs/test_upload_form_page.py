@@ -14,7 +14,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from inference.registry import get_registry
+from inference.core.registry import get_registry
 from jobs.models import Job
 from tests.jobs.factories import user
 

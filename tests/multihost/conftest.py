@@ -146,7 +146,7 @@ class Cluster:
 
     def children(self, role: str | None = None) -> list[dict]:
         """Worker children whose heartbeat is fresh (optionally only those of one role: online, offline)."""
-        from inference.keys import WORKERS_KEY
+        from inference.core.keys import WORKERS_KEY
 
         now = time.time()
         entries = [json.loads(v) for v in self.redis.hgetall(WORKERS_KEY).values()]

@@ -23,7 +23,7 @@ import psycopg
 import pytest
 import requests
 
-from inference.keys import backlog_key
+from inference.core.keys import backlog_key
 from tests.conftest import wait_until
 from tests.multihost.conftest import DISPATCHER_HEARTBEAT_S, JOB_CHUNK_ROWS, JOBS_PREFETCH_CHUNKS, Cluster
 

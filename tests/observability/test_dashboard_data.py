@@ -9,8 +9,8 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 import platform_.redis
-from inference.keys import WORKERS_KEY
-from inference.registry import get_registry
+from inference.core.keys import WORKERS_KEY
+from inference.core.registry import get_registry
 from jobs import monitoring, scheduler
 from jobs.keys import offline_queued_rows_field, offline_user_rows_field
 from jobs.models import Job, JobStatus

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from inference import diagnosis as online
-from inference.keys import DISPATCHERS_KEY, WORKERS_KEY
-from inference.registry import get_registry
+from inference.core.keys import DISPATCHERS_KEY, WORKERS_KEY
+from inference.core.registry import get_registry
+from inference.web import diagnosis as online
 from observability.dashboard import cpu_findings, dashboard_data
 from observability.diagnosis import Snapshot, diagnose
 from observability.keys import GAUGES_KEY

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from inference.keys import WORKERS_KEY, rate_key
+from inference.core.keys import WORKERS_KEY, rate_key
 from observability.diagnosis import Snapshot, diagnose, snapshot
 from observability.keys import second_key
 

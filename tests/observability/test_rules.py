@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inference import diagnosis as online
+from inference.web import diagnosis as online
 from jobs.monitoring import offline_stalled
 from observability.diagnosis import Snapshot, diagnose, report
 from observability.rules import host_is_saturated, host_saturated

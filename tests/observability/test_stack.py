@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from inference.diagnosis import BACKLOG_MIN
+from inference.web.diagnosis import BACKLOG_MIN
 from observability.keys import GAUGES_KEY, TOTAL_KEY
 from tests.conftest import ROOT, wait_until
 from tests.jobs.test_jobs_api import get_job, make_csv, upload

@@ -147,7 +147,7 @@ def test_a_revocation_is_announced_only_once_it_is_committed(db, django_capture_
     token and trust it for the whole cache time."""
     from django.contrib.auth import get_user_model
 
-    from inference.api import auth
+    from inference.web.api import auth
 
     user = get_user_model().objects.create_user(username="revoked-later", password="x" * 12)
     with django_capture_on_commit_callbacks(execute=False) as announced:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import redis
 
-from inference.keys import DISPATCHERS_KEY, WORKERS_KEY
+from inference.core.keys import DISPATCHERS_KEY, WORKERS_KEY
 from tests.conftest import _start, _stop
 
 

@@ -2,14 +2,14 @@
 
 Kubernetes runs it as the exec probe of every worker container (deploy/kubernetes/), docker compose as the
 workers' healthcheck (docker-compose.yml). It judges this host only: a pod's hostname is its name, and
-heartbeat fields are `<hostname>:<pid>` (inference/workers.py).
+heartbeat fields are `<hostname>:<pid>` (inference/core/workers.py).
 
 --live   this host's dispatcher (the worker's main process: it consumes the queue and hands batches to
          children) beat within 3 x DISPATCHER_HEARTBEAT_S. Its beat runs on the main process's own event
          loop, so a stopped or wedged main process stops beating while its children, which beat from
          threads of their own, would still look alive. Failing it restarts the container.
 --ready  at least one child of this host beat within 3 x WORKER_HEARTBEAT_S with models loaded (a child
-         beats only once its models are loaded, inference/worker_process.py). It gates rolling updates:
+         beats only once its models are loaded, inference/child/worker_process.py). It gates rolling updates:
          an old worker is stopped only once a new one can serve.
 
 Both flags at once (docker compose has one healthcheck) pass when both would. Exit status 0 or 1 with
@@ -30,11 +30,11 @@ import redis
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from inference.keys import DISPATCHERS_KEY, WORKERS_KEY
+from inference.core.keys import DISPATCHERS_KEY, WORKERS_KEY
 from platform_.redis import new_redis
 
 REDIS_TIMEOUT_S = 2.0
-MISSED_BEATS = 3  # as everywhere else: three missed beats and a process counts as gone (inference/workers.py)
+MISSED_BEATS = 3  # as everywhere else: three missed beats and a process counts as gone (inference/core/workers.py)
 
 
 def _of_host(raw: dict[str, str], hostname: str) -> dict[str, dict[str, Any]]:

@@ -1,0 +1,197 @@
+"""Running one dispatched batch of online requests in a worker child, and answering every caller.
+
+celery-batches swallows exceptions and ignores expiry, so this function owns both: a request whose
+deadline has passed is skipped (never computed for nobody), and every other request gets an answer,
+success or error, before the function returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import redis
+from django.conf import settings
+
+from inference.child import runtime
+from inference.core.backlog import queue_release
+from inference.core.planning import group_by
+from inference.core.replies import queue_replies
+from inference.core.workers import WorkerState, record_batch
+
+logger = logging.getLogger(__name__)
+
+
+def _timing(request: Any, passes: list[runtime.Pass], group_size: int) -> dict[str, Any]:
+    first = min(p.start for p in passes)
+    last = max(p.end for p in passes)
+    return {
+        "queue_wait_ms": round((request.received_at - request.kwargs["enqueued_at"]) * 1000, 3),
+        "batch_wait_ms": round((first - request.received_at) * 1000, 3),
+        "inference_ms": round((last - first) * 1000, 3),
+        "batch_size": max(p.size for p in passes),
+        "batch_requests": group_size,
+        "inference_end": last,
+    }
+
+
+def serve_online(requests: list[Any], client: redis.Redis, state: WorkerState | None = None) -> None:
+    """Answer each request in `requests` (celery-batches SimpleRequests stamped by AdaptiveBatches)."""
+    for model, group in group_by(requests, lambda r: r.kwargs["model"]).items():
+        _serve_model(model, group, client, state)
+
+
+def part_of(request: Any) -> dict[str, Any]:
+    """The `part` field a reply to a slice of a request carries (see inference/dispatch/fair.py)."""
+    part = request.kwargs.get("part")
+    return {"part": part} if part else {}
+
+
+def _is_last_part(request: Any) -> bool:
+    part = request.kwargs.get("part")
+    return not part or part[1] == part[2]
+
+
+def _offset(request: Any) -> int:
+    part = request.kwargs.get("part")
+    return part[0] if part else 0
+
+
+# A pass shorter than this (an identity model, or a GPU's pass of a few short texts) does not get its
+# replies written at once: they wait for the next slow pass or the batch's end and go out in one round
+# trip with the rest. Per pass, the Redis write cost more than the model on such passes.
+_EARLY_REPLY_PASS_S = 0.001
+
+
+class _Answers:
+    """Replies to a batch's requests, written as the passes holding their texts end.
+
+    Each written reply is queued with the release of its request from the admission backlog (on its
+    last part), and the last write carries the batch's statistics: one round trip per batch when passes
+    are quick, one per slow pass otherwise.
+    """
+
+    def __init__(self, model: str, live: list[Any], client: redis.Redis, worker: str) -> None:
+        self.model, self.live, self.client, self.worker = model, live, client, worker
+        self.owner: list[int] = [n for n, r in enumerate(live) for _ in r.kwargs["inputs"]]
+        self.first_text = [0] * len(live)
+        for n in range(1, len(live)):
+            self.first_text[n] = self.first_text[n - 1] + len(live[n - 1].kwargs["inputs"])
+        self.remaining = [len(r.kwargs["inputs"]) for r in live]
+        self.answered: set[int] = set()
+        self._replies: dict[str, dict[str, Any]] = {}
+        self._finished: list[str] = []  # requests whose last part is answered: released from admission
+
+    def pass_done(self, indices: list[int], outputs: list[Any], passes: list[runtime.Pass]) -> None:
+        for index in indices:
+            n = self.owner[index]
+            self.remaining[n] -= 1
+            if self.remaining[n] == 0:
+                request = self.live[n]
+                own = slice(self.first_text[n], self.first_text[n] + len(request.kwargs["inputs"]))
+                self._add(
+                    request,
+                    {
+                        "ok": True,
+                        "outputs": outputs[own],
+                        "timing": _timing(request, passes[own], len(self.live)),
+                        "worker": self.worker,
+                    },
+                )
+                self.answered.add(n)
+        done = passes[indices[0]]
+        if done.end - done.start >= _EARLY_REPLY_PASS_S:
+            self.flush()
+
+    def fail(self, requests: list[Any], error: str, code: str) -> None:
+        for request in requests:
+            self._add(request, {"ok": False, "error": error, "code": code, "worker": self.worker})
+
+    def _add(self, request: Any, reply: dict[str, Any]) -> None:
+        self._replies[request.id] = {**reply, **part_of(request)}
+        if _is_last_part(request):
+            self._finished.append(request.id)
+
+    def flush(self, **batch_stats: Any) -> None:
+        """Write the replies not yet written, with `record_batch(**batch_stats)` when given."""
+        if not (self._replies or batch_stats):
+            return
+        pipe = self.client.pipeline(transaction=False)
+        queue_replies(pipe, self._replies)
+        queue_release(pipe, self.model, self._finished)
+        if batch_stats:
+            record_batch(self.client, self.model, pipe=pipe, **batch_stats)
+        self._replies, self._finished = {}, []
+        pipe.execute()
+
+    def unanswered(self) -> list[Any]:
+        return [r for n, r in enumerate(self.live) if n not in self.answered]
+
+
+def _culprit(model: str, request: Any) -> str:
+    """Which of a failing request's texts the model cannot take, said without internals."""
+    for index, text in enumerate(request.kwargs["inputs"]):
+        try:
+            runtime.run(model, [text])
+        except Exception as exc:
+            reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            return f"model {model!r} could not process inputs[{_offset(request) + index}]: {reason}"
+    return f"model {model!r} could not process this request's texts together; send them in smaller requests"
+
+
+def _isolate(model: str, requests: list[Any], client: redis.Redis, worker: str) -> tuple[int, int]:
+    """Run each request alone after a batch failed, so only a request whose own input fails gets an
+    error and its neighbours get their answers. Returns (answered, failed)."""
+    answered = failed = 0
+    for request in requests:
+        if request.kwargs["deadline"] <= time.time():
+            continue  # its caller has been answered 504 already
+        alone = _Answers(model, [request], client, worker)
+        try:
+            runtime.run(model, request.kwargs["inputs"], on_pass=alone.pass_done)
+            answered += 1
+        except Exception:
+            logger.warning("request %s fails on model %s on its own", request.id, model, exc_info=True)
+            alone.fail([request], _culprit(model, request), "input_rejected")
+            failed += 1
+        alone.flush()
+    return answered, failed
+
+
+def _serve_model(model: str, group: list[Any], client: redis.Redis, state: WorkerState | None) -> None:
+    started = time.time()
+    live = [r for r in group if r.kwargs["deadline"] > started]
+    expired = len(group) - len(live)
+    if not live:
+        record_batch(client, model, done=0, texts=0, busy_s=0.0, expired=expired)
+        return
+    texts = [text for r in live for text in r.kwargs["inputs"]]
+    worker = state.worker_id if state else ""
+    answers = _Answers(model, live, client, worker)
+    try:
+        _, passes = runtime.run(model, texts, on_pass=answers.pass_done)
+    except Exception:
+        # One request's input can fail a whole pass; its neighbours must not pay for it.
+        logger.warning("a batch of %d requests failed on %s; running them one by one", len(live), model, exc_info=True)
+        answers.flush()  # those answered before the failing pass
+        rest = answers.unanswered()
+        done, failed = _isolate(model, rest, client, worker)
+        done += len(live) - len(rest)
+        # No busy time: the re-runs would read as a slow drain rate (tokens per busy second) and make
+        # admission refuse everyone for a poisoned request.
+        record_batch(client, model, done=done, texts=0, busy_s=0.0, expired=expired, failed=failed)
+        return
+    distinct = list({id(p): p for p in passes}.values())
+    answers.flush(
+        done=len(live),
+        texts=len(texts),
+        busy_s=time.time() - started,
+        # Priced as admission prices them: tokens plus a fixed overhead per request, counted on its last slice.
+        tokens=sum(sum(r.kwargs.get("tokens") or ()) for r in live)
+        + settings.ONLINE_REQUEST_OVERHEAD_TOKENS * sum(1 for r in live if _is_last_part(r)),
+        expired=expired,
+        pass_sizes=[p.size for p in distinct],
+        inference_s=sum(p.end - p.start for p in distinct),
+        max_batch_size=runtime.spec(model).max_batch_size,
+    )
