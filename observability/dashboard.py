@@ -8,7 +8,9 @@ dashboard section adds (inference: queues, workers, the slow-request log; jobs: 
 from __future__ import annotations
 
 import functools
+import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -21,6 +23,7 @@ from observability import diagnosis, metrics, registry
 from observability.keys import GAUGES_KEY
 from platform_.redis import get_redis
 
+logger = logging.getLogger(__name__)
 SERIES_S = 15 * 60
 SERIES_STEP_S = 5
 NOW_S = 5  # "now" rates: the last few seconds, so a tile follows a load step within seconds
@@ -102,6 +105,48 @@ def cpu_findings(findings: list[diagnosis.Finding], snapshot: diagnosis.Snapshot
     return [f.symptom for f in findings if f.rule in rules]
 
 
+def version_roles() -> dict[str, dict[str, str]]:
+    """{model: {version: role}} from every registered source (the deploying app's); a failing source
+    leaves the versions unmarked rather than the dashboard blank."""
+    roles: dict[str, dict[str, str]] = {}
+    for source in registry.version_roles():
+        try:
+            for model, by_version in source().items():
+                roles.setdefault(model, {}).update(by_version)
+        except Exception:
+            logger.exception("reading the versions' roles failed; the Versions table shows them unmarked")
+    return roles
+
+
+def version_rows(window: metrics.Window, roles: Mapping[str, Mapping[str, str]]) -> list[dict[str, Any]]:
+    """The Versions table: each (model, version) with figures in the window, and each version a role names
+    even without traffic yet; per row its requests, error %, P50/P99 of the total latency, mean score and
+    the score histogram (counts per metrics.SCORE_BUCKETS bucket, the last one above 1.0)."""
+    figures = {(f.model, f.version): f for f in window.versions()}
+    for model, by_version in roles.items():
+        for version in by_version:
+            figures.setdefault((model, version), metrics.VersionFigures(model, version))
+    rows = []
+    for (model, version), f in sorted(figures.items()):
+        rows.append(
+            {
+                "model": model,
+                "version": version,
+                "role": roles.get(model, {}).get(version),
+                "requests": int(f.requests),
+                "per_s": round(f.requests / window.seconds, 2),
+                "errors": int(f.errors),
+                "error_pct": None if f.error_pct is None else round(f.error_pct, 2),
+                "p50_ms": _ms(f.percentile_s(50)),
+                "p99_ms": _ms(f.percentile_s(99)),
+                "scored": int(f.scored),
+                "mean_score": None if f.mean_score is None else round(f.mean_score, 4),
+                "score_histogram": [int(c) for c in f.scores],
+            }
+        )
+    return rows
+
+
 def dashboard_data(client=None, now: float | None = None) -> dict[str, Any]:
     client = client or get_redis()
     now = time.time() if now is None else now
@@ -144,6 +189,9 @@ def dashboard_data(client=None, now: float | None = None) -> dict[str, Any]:
         "jobs": [],
         "slow": [],
         "series": _series(client, complete),
+        # Per model version over the last minute (issue 21: compare a canary with the active version).
+        "versions": version_rows(minute, version_roles()),
+        "score_buckets": list(metrics.SCORE_BUCKETS),
         "verdict": {
             "text": diagnosis.report(snapshot),
             "findings": [f.__dict__ for f in findings],

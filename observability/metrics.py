@@ -32,6 +32,11 @@ STATUS_CLASSES = ("2xx", "4xx", "429", "503", "504", "5xx")
 # Upper bounds in seconds, fitted to this range: a few ms of overhead up to multi-second overload.
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 4.0, 7.0, 12.0)
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+# Upper bounds of the score histogram per model version (issue 21, canaries): 0.1 wide over 0..1, where a
+# softmax probability (text-classification, span QA) and an in-domain cosine similarity (router, sentence QA:
+# about 0.3 to 0.7) fall, and two coarse buckets for the cosine's negative half, which is rare and says
+# only "far from everything". Above 1.0 (a handler's own score) lands in the last bucket (+Inf).
+SCORE_BUCKETS = (-0.5, 0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 def latency_bucket(seconds: float) -> int:
@@ -41,6 +46,16 @@ def latency_bucket(seconds: float) -> int:
 
 def size_bucket(size: int) -> int:
     return bisect.bisect_left(BATCH_SIZE_BUCKETS, size)
+
+
+def score_bucket(score: float) -> int:
+    """Index of the first SCORE_BUCKETS bound at or above `score`; len(SCORE_BUCKETS) means +Inf."""
+    return bisect.bisect_left(SCORE_BUCKETS, score)
+
+
+def is_error(outcome: str) -> bool:
+    """Whether an outcome label is an error of the answer (anything but a 2xx)."""
+    return status_class(outcome) != "2xx"
 
 
 def status_class(outcome: str) -> str:
@@ -67,6 +82,26 @@ def request_fields(model: str, outcome: str, timing_ms: Mapping[str, float]) -> 
             continue
         fields[f"lat|{model}|{stage}|{latency_bucket(value_ms / 1000)}"] = 1
         fields[f"latsum|{model}|{stage}"] = value_ms / 1000
+    return fields
+
+
+def version_fields(
+    model: str, version: str, outcome: str, total_ms: float | None, scores: Iterable[float] = ()
+) -> dict[str, float]:
+    """Counter increments for one online request answered (or failed) by `version` of `model`: its
+    outcome, its total latency's bucket, and each output's top-level score in the score histogram.
+
+    `version` must already be bounded (inference/web/observe.py: only versions the models file names,
+    a few per model); a request refused before a version was chosen has none and gets no fields here.
+    """
+    fields: dict[str, float] = {f"vreq|{model}|{version}|{outcome}": 1}
+    if total_ms is not None:
+        fields[f"vlat|{model}|{version}|{latency_bucket(total_ms / 1000)}"] = 1
+        fields[f"vlatsum|{model}|{version}"] = total_ms / 1000
+    for score in scores:
+        name = f"vscore|{model}|{version}|{score_bucket(score)}"
+        fields[name] = fields.get(name, 0) + 1
+        fields[f"vscoresum|{model}|{version}"] = fields.get(f"vscoresum|{model}|{version}", 0.0) + float(score)
     return fields
 
 
@@ -192,10 +227,70 @@ class Window:
         texts = sum(v for k, v in self.matching("pass_texts|").items() if model is None or k.split("|")[1] == model)
         return texts / passes if passes else None
 
+    def versions(self) -> list[VersionFigures]:
+        return version_figures(self.counters)
+
     def mean_fill(self, model: str | None = None) -> float | None:
         passes = sum(v for k, v in self.matching("passes|").items() if model is None or k.split("|")[1] == model)
         fill = sum(v for k, v in self.matching("fill|").items() if model is None or k.split("|")[1] == model)
         return fill / passes if passes else None
+
+
+@dataclass
+class VersionFigures:
+    """One (model, version)'s figures over a window: what a person compares before promoting a canary."""
+
+    model: str
+    version: str
+    requests: float = 0.0
+    errors: float = 0.0
+    latency: list[float] = field(default_factory=lambda: [0.0] * (len(LATENCY_BUCKETS_S) + 1))
+    scores: list[float] = field(default_factory=lambda: [0.0] * (len(SCORE_BUCKETS) + 1))
+    score_sum: float = 0.0
+
+    @property
+    def error_pct(self) -> float | None:
+        return 100 * self.errors / self.requests if self.requests else None
+
+    @property
+    def scored(self) -> float:
+        return sum(self.scores)
+
+    @property
+    def mean_score(self) -> float | None:
+        return self.score_sum / self.scored if self.scored else None
+
+    def percentile_s(self, pct: float) -> float | None:
+        return histogram_percentile(self.latency, pct)
+
+
+def version_figures(counters: Mapping[str, float]) -> list[VersionFigures]:
+    """Each (model, version) with figures in `counters` (a window's sums, or the lifetime totals), sorted."""
+    found: dict[tuple[str, str], VersionFigures] = {}
+
+    def of(model: str, version: str) -> VersionFigures:
+        figures = found.get((model, version))
+        if figures is None:
+            figures = found[(model, version)] = VersionFigures(model, version)
+        return figures
+
+    for name, value in counters.items():
+        kind, _, rest = name.partition("|")
+        if kind not in ("vreq", "vlat", "vlatsum", "vscore", "vscoresum"):
+            continue
+        parts = rest.split("|")
+        figures = of(parts[0], parts[1])
+        if kind == "vreq":
+            figures.requests += value
+            if is_error(parts[2]):
+                figures.errors += value
+        elif kind == "vlat":
+            figures.latency[int(parts[2])] += value
+        elif kind == "vscore":
+            figures.scores[int(parts[2])] += value
+        elif kind == "vscoresum":
+            figures.score_sum += value
+    return [found[key] for key in sorted(found)]
 
 
 def histogram_percentile(counts: list[float], pct: float) -> float | None:

@@ -51,6 +51,7 @@ class RedisMetricsCollector(Collector):
         yield from self._requests()
         yield from self._latency()
         yield from self._batches()
+        yield from self._versions()
         yield from self._simple_counters()
         yield from self._gauges()
         for families in registry.metric_families():  # each app's own series (e.g. jobs: offline work per user)
@@ -93,6 +94,41 @@ class RedisMetricsCollector(Collector):
                 self.totals.get(f"latsum|{model}|{stage}", 0.0),
             )
         yield family
+
+    def _versions(self) -> Iterator[Metric]:
+        """Per (model, version): requests by outcome, total latency and the score histogram (issue 21's
+        canaries). The version label is bounded where it is written (inference/web/observe.py)."""
+        requests = CounterMetricFamily(
+            "inference_version_requests_total",
+            "Online predict requests given to a model version, by outcome and status class; requests refused "
+            "before a version was chosen are only in inference_requests_total.",
+            labels=["model", "version", "outcome", "status"],
+        )
+        latency = HistogramMetricFamily(
+            "inference_version_latency_seconds",
+            "Total latency of online requests given to a model version.",
+            labels=["model", "version"],
+        )
+        scores = HistogramMetricFamily(
+            "inference_version_score",
+            "Top-level score of each output of a model version (router, text-classification, question-answering).",
+            labels=["model", "version"],
+        )
+        for name, value in sorted(self.totals.items()):
+            if name.startswith("vreq|"):
+                _, model, version, outcome = name.split("|")
+                requests.add_metric([model, version, outcome, metrics.status_class(outcome)], value)
+        for figures in metrics.version_figures(self.totals):
+            labels = [figures.model, figures.version]
+            if sum(figures.latency):
+                latency.add_metric(
+                    labels,
+                    _cumulative(metrics.LATENCY_BUCKETS_S, figures.latency),
+                    self.totals.get(f"vlatsum|{figures.model}|{figures.version}", 0.0),
+                )
+            if figures.scored:
+                scores.add_metric(labels, _cumulative(metrics.SCORE_BUCKETS, figures.scores), figures.score_sum)
+        yield from (requests, latency, scores)
 
     def _batches(self) -> Iterator[Metric]:
         sizes = HistogramMetricFamily(

@@ -7,7 +7,9 @@
 - dashboard sections: `fn(client, now) -> {field: value}`, merged into the dashboard's data;
 - metric families: `fn(totals, gauges) -> iterable of prometheus_client metric families`, added to /metrics
   (an app's own series from the counters and gauges it writes, parsed with its own key names);
-- housekeeping: `fn()` run by the sampler's tick every `interval_s` (retention of the app's logs).
+- housekeeping: `fn()` run by the sampler's tick every `interval_s` (retention of the app's logs);
+- version roles: `fn() -> {model: {version: role}}` ("active", "canary"), how the dashboard's Versions
+  table marks each version (the app that deploys versions knows which is which).
 
 Registering twice (ready() runs once per process, but tests may call it again) keeps one entry.
 """
@@ -23,6 +25,7 @@ Rule = Callable[[Any], Any]
 DashboardSection = Callable[[Any, float], dict[str, Any]]
 DashboardFilter = Callable[[dict[str, Any], Any], dict[str, Any]]
 MetricFamilies = Callable[[Mapping[str, float], Mapping[str, float]], Iterable[Any]]
+VersionRoles = Callable[[], Mapping[str, Mapping[str, str]]]
 
 _gauges: list[GaugeSource] = []
 _snapshot_sources: list[SnapshotSource] = []
@@ -31,6 +34,7 @@ _dashboard_sections: list[DashboardSection] = []
 _dashboard_filters: list[DashboardFilter] = []
 _metric_families: list[MetricFamilies] = []
 _housekeeping: list[tuple[Callable[[], object], float]] = []
+_version_roles: list[VersionRoles] = []
 
 
 def _add(registry: list, item) -> None:
@@ -70,6 +74,10 @@ def register_housekeeping(fn: Callable[[], object], interval_s: float) -> None:
     _add(_housekeeping, (fn, interval_s))
 
 
+def register_version_roles(fn: VersionRoles) -> None:
+    _add(_version_roles, fn)
+
+
 def gauge_sources() -> list[GaugeSource]:
     return list(_gauges)
 
@@ -96,3 +104,7 @@ def metric_families() -> list[MetricFamilies]:
 
 def housekeeping() -> list[tuple[Callable[[], object], float]]:
     return list(_housekeeping)
+
+
+def version_roles() -> list[VersionRoles]:
+    return list(_version_roles)

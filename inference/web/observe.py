@@ -1,4 +1,5 @@
-"""What the web tier records about each online request: outcome and stage metrics, and the slow-request log.
+"""What the web tier records about each online request: outcome and stage metrics, per-version figures
+(latency, errors, scores: issue 21's canaries), and the slow-request log.
 
 Neither delays an answer. Metrics are summed in the process and written by a background task every
 FLUSH_S (so Redis work does not grow with the request rate); the slow log is written in the
@@ -10,12 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import re
 import time
 import weakref
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
 
+from inference.core.registry import get_registry
 from inference.core.task_io import input_chars
 from inference.models import SlowRequest
 from observability import metrics
@@ -34,6 +39,55 @@ def outcome_label(status: int, code: str | None) -> str:
     if status == 503 and code:
         return f"503_{code}"
     return str(status)
+
+
+# Per-version series are bounded (observability's label discipline: a hostile or buggy `model_version` in a
+# reply must not create series without end). A version gets its own series only when it is a sane token,
+# is one the models file names for its model (once it names any), and is among the first
+# MAX_VERSIONS_PER_MODEL versions this process saw for the model; anything else is counted as OTHER_VERSION.
+MAX_VERSIONS_PER_MODEL = 8
+OTHER_VERSION = "other"
+_VERSION_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+_versions_seen: dict[str, set[str]] = {}
+
+
+def known_versions(model: str) -> frozenset[str] | None:
+    """The versions the models file names for `model` (issue 21, item 3: `Registry.versions_of`), or None
+    where the registry has no versions (then any sane token is taken, up to the cap)."""
+    versions_of = getattr(get_registry(), "versions_of", None)
+    if versions_of is None:
+        return None
+    return frozenset(versions_of(model)) or None
+
+
+def version_label(
+    version: object, known: frozenset[str] | None, seen: set[str], cap: int = MAX_VERSIONS_PER_MODEL
+) -> str | None:
+    """The label a reply's `model_version` is counted under: None when no version was chosen (nothing is
+    counted per version), the version itself when it is allowed (and then remembered in `seen`), else
+    OTHER_VERSION."""
+    if version is None or version == "":
+        return None
+    if not isinstance(version, str) or not _VERSION_TOKEN.match(version) or version == OTHER_VERSION:
+        return OTHER_VERSION
+    if known is not None and version not in known:
+        return OTHER_VERSION
+    if version not in seen:
+        if len(seen) >= cap:
+            return OTHER_VERSION
+        seen.add(version)
+    return version
+
+
+def output_scores(outputs: Iterable[Any] | None) -> list[float]:
+    """The top-level numeric `score` of each output that has one (router, text-classification, QA); none
+    for outputs without (embeddings, identity, token-classification's scores are per entity)."""
+    scores = []
+    for output in outputs or ():
+        score = output.get("score") if isinstance(output, dict) else None
+        if isinstance(score, int | float) and not isinstance(score, bool) and math.isfinite(score):
+            scores.append(float(score))
+    return scores
 
 
 def _slow_row_allowed() -> bool:
@@ -93,8 +147,15 @@ def observe(
     request_id: str,
     texts: list[Any],
     worker: str = "",
+    version: object = None,
+    outputs: list[Any] | None = None,
 ) -> None:
-    """Record one finished online request (metrics now, in memory; the slow log in the background)."""
+    """Record one finished online request (metrics now, in memory; the slow log in the background).
+
+    `version` is the model version the request was given to (the reply's `model_version`); None when it
+    was refused before one was chosen. `outputs` are its answers, whose scores go into the version's
+    score histogram.
+    """
     total_ms = timing.get("total_ms", 0.0)
     slow = None
     if (total_ms >= settings.SLOW_REQUEST_MS or status == 504) and model != "-" and _slow_row_allowed():
@@ -110,6 +171,13 @@ def observe(
             "batch_size": timing.get("batch_size"),
             **{f"{stage}_ms": timing.get(f"{stage}_ms") for stage in metrics.STAGES if stage != "total"},
         }
-    _accumulator().add(metrics.request_fields(model, outcome_label(status, code), timing))
+    outcome = outcome_label(status, code)
+    fields = metrics.request_fields(model, outcome, timing)
+    if version is not None and model != "-":
+        label = version_label(version, known_versions(model), _versions_seen.setdefault(model, set()))
+        if label is not None:
+            scores = output_scores(outputs) if status == 200 else []  # an error's outputs were not answered
+            fields.update(metrics.version_fields(model, label, outcome, timing.get("total_ms"), scores))
+    _accumulator().add(fields)
     if slow is not None:
         _keep(asyncio.get_running_loop().create_task(_log_slow(slow)))

@@ -81,6 +81,8 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
         caller_key=client_key(request.headers),
     )
     seen["timing"], seen["worker"] = result.timing, result.worker
+    # Per-version figures (observe.py): the version that answered (issue 21) and the answers' scores.
+    seen["version"], seen["outputs"] = getattr(result, "model_version", None), result.outputs
     await usage.record(user.pk, caller.key_id, name, inputs=len(texts), tokens=sum(result.tokens))
     body = {"model": name, "outputs": result.outputs, "timing": result.timing}
     if user.is_staff:
@@ -261,6 +263,8 @@ async def serve_observed(
         request_id=request_id,
         texts=seen["texts"],
         worker=seen["worker"],
+        version=seen.get("version"),
+        outputs=seen.get("outputs"),
     )
     return finish_response(response, request_id)
 
