@@ -23,4 +23,5 @@ class InferenceConfig(AppConfig):
         registry.register_snapshot_source(diagnosis.snapshot_source)
         registry.register_rule(*diagnosis.RULES)
         registry.register_dashboard(monitoring.dashboard_section)
+        registry.register_version_roles(monitoring.version_roles)
         registry.register_housekeeping(monitoring.trim_slow_log, interval_s=60)

@@ -105,13 +105,13 @@ def cpu_findings(findings: list[diagnosis.Finding], snapshot: diagnosis.Snapshot
     return [f.symptom for f in findings if f.rule in rules]
 
 
-def version_roles() -> dict[str, dict[str, str]]:
+def version_roles(client) -> dict[str, dict[str, str]]:
     """{model: {version: role}} from every registered source (the deploying app's); a failing source
     leaves the versions unmarked rather than the dashboard blank."""
     roles: dict[str, dict[str, str]] = {}
     for source in registry.version_roles():
         try:
-            for model, by_version in source().items():
+            for model, by_version in source(client).items():
                 roles.setdefault(model, {}).update(by_version)
         except Exception:
             logger.exception("reading the versions' roles failed; the Versions table shows them unmarked")
@@ -190,7 +190,7 @@ def dashboard_data(client=None, now: float | None = None) -> dict[str, Any]:
         "slow": [],
         "series": _series(client, complete),
         # Per model version over the last minute (issue 21: compare a canary with the active version).
-        "versions": version_rows(minute, version_roles()),
+        "versions": version_rows(minute, version_roles(client)),
         "score_buckets": list(metrics.SCORE_BUCKETS),
         "verdict": {
             "text": diagnosis.report(snapshot),

@@ -34,9 +34,10 @@ LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15, 0.25, 0.4
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 # Upper bounds of the score histogram per model version (issue 21, canaries): 0.1 wide over 0..1, where a
 # softmax probability (text-classification, span QA) and an in-domain cosine similarity (router, sentence QA:
-# about 0.3 to 0.7) fall, and two coarse buckets for the cosine's negative half, which is rare and says
-# only "far from everything". Above 1.0 (a handler's own score) lands in the last bucket (+Inf).
-SCORE_BUCKETS = (-0.5, 0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+# about 0.3 to 0.7) fall, with the cosine's negative half in the first bucket (<= 0): rare, and it says only
+# "far from everything". No negative bound, so /metrics keeps the histogram's _sum and _count (prometheus_client
+# drops them for negative buckets). Above 1.0 (a handler's own score) lands in the last bucket (+Inf).
+SCORE_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
 def latency_bucket(seconds: float) -> int:

@@ -8,8 +8,8 @@
 - metric families: `fn(totals, gauges) -> iterable of prometheus_client metric families`, added to /metrics
   (an app's own series from the counters and gauges it writes, parsed with its own key names);
 - housekeeping: `fn()` run by the sampler's tick every `interval_s` (retention of the app's logs);
-- version roles: `fn() -> {model: {version: role}}` ("active", "canary"), how the dashboard's Versions
-  table marks each version (the app that deploys versions knows which is which).
+- version roles: `fn(client) -> {model: {version: role}}` ("active", "canary"), how the dashboard's
+  Versions table marks each version (the app that deploys versions knows which is which).
 
 Registering twice (ready() runs once per process, but tests may call it again) keeps one entry.
 """
@@ -25,7 +25,7 @@ Rule = Callable[[Any], Any]
 DashboardSection = Callable[[Any, float], dict[str, Any]]
 DashboardFilter = Callable[[dict[str, Any], Any], dict[str, Any]]
 MetricFamilies = Callable[[Mapping[str, float], Mapping[str, float]], Iterable[Any]]
-VersionRoles = Callable[[], Mapping[str, Mapping[str, str]]]
+VersionRoles = Callable[[Any], Mapping[str, Mapping[str, str]]]
 
 _gauges: list[GaugeSource] = []
 _snapshot_sources: list[SnapshotSource] = []

@@ -118,6 +118,29 @@ def celery_workers(client, children: list[dict[str, Any]], now: float) -> list[d
     ]
 
 
+def version_roles(client) -> dict[str, dict[str, str]]:
+    """{model: {version: role}} for the dashboard's Versions table (issue 21): `active`, `canary` (taking its
+    share of callers) and `target` (being loaded to replace the active one), from the deployments' mirror
+    in Redis (inference/core/versions.py), or the models file's entry version as active where it has none.
+
+    Empty before versions exist in this checkout (no inference.core.versions): the table then lists the
+    versions seen in the metrics, unmarked.
+    """
+    try:
+        from inference.core import versions
+    except ImportError:
+        return {}
+    deployments = versions.deployments_from(client.hgetall(versions.DEPLOYMENTS_KEY), get_registry())
+    roles: dict[str, dict[str, str]] = {}
+    for model, deployment in deployments.items():
+        marked = roles[model] = {deployment.active: "active"}
+        if deployment.target and deployment.target != deployment.active:
+            marked[deployment.target] = "target"
+        if deployment.canary and deployment.canary != deployment.active:
+            marked[deployment.canary] = "canary"
+    return roles
+
+
 def dashboard_section(client, now: float) -> dict[str, Any]:
     """Each online queue, every worker child (with its last heartbeat and start), the Celery workers
     those children belong to, the slow-request log."""

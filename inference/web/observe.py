@@ -47,7 +47,7 @@ def outcome_label(status: int, code: str | None) -> str:
 # MAX_VERSIONS_PER_MODEL versions this process saw for the model; anything else is counted as OTHER_VERSION.
 MAX_VERSIONS_PER_MODEL = 8
 OTHER_VERSION = "other"
-_VERSION_TOKEN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+_VERSION_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")  # fullmatch: no trailing newline
 _versions_seen: dict[str, set[str]] = {}
 
 
@@ -68,7 +68,7 @@ def version_label(
     OTHER_VERSION."""
     if version is None or version == "":
         return None
-    if not isinstance(version, str) or not _VERSION_TOKEN.match(version) or version == OTHER_VERSION:
+    if not isinstance(version, str) or not _VERSION_TOKEN.fullmatch(version) or version == OTHER_VERSION:
         return OTHER_VERSION
     if known is not None and version not in known:
         return OTHER_VERSION
