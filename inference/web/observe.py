@@ -16,6 +16,7 @@ import re
 import time
 import weakref
 from collections.abc import Iterable
+from contextvars import ContextVar
 from typing import Any
 
 from django.conf import settings
@@ -49,6 +50,23 @@ MAX_VERSIONS_PER_MODEL = 8
 OTHER_VERSION = "other"
 _VERSION_TOKEN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")  # fullmatch: no trailing newline
 _versions_seen: dict[str, set[str]] = {}
+
+
+# The version a request was admitted to (online.predict sets it), for the answers that carry none: a
+# deadline passed or a worker failure after admission still counts against that version.
+_admitted_to: ContextVar[str | None] = ContextVar("admitted_to_version", default=None)
+# Refusals (too large, over a rate or share, admission): the request never reached a version.
+REFUSAL_STATUSES = frozenset({413, 429, 503})
+
+
+def admitted_to_version(version: str | None) -> None:
+    """Note the version this request (the running task's) was admitted to."""
+    _admitted_to.set(version)
+
+
+def version_admitted() -> str | None:
+    """The version this request was admitted to, if it was (see admitted_to_version)."""
+    return _admitted_to.get()
 
 
 def known_versions(model: str) -> frozenset[str] | None:
@@ -152,8 +170,9 @@ def observe(
 ) -> None:
     """Record one finished online request (metrics now, in memory; the slow log in the background).
 
-    `version` is the model version the request was given to (the reply's `model_version`); None when it
-    was refused before one was chosen. `outputs` are its answers, whose scores go into the version's
+    `version` is the model version the request was given to (the reply's `model_version`, or the version
+    it was admitted to when no answer came); None when it was refused before one was chosen, and a
+    refusal (REFUSAL_STATUSES) is counted per model only, whatever version had been picked for it. `outputs` are its answers, whose scores go into the version's
     score histogram.
     """
     total_ms = timing.get("total_ms", 0.0)
@@ -173,7 +192,7 @@ def observe(
         }
     outcome = outcome_label(status, code)
     fields = metrics.request_fields(model, outcome, timing)
-    if version is not None and model != "-":
+    if version is not None and model != "-" and status not in REFUSAL_STATUSES:
         label = version_label(version, known_versions(model), _versions_seen.setdefault(model, set()))
         if label is not None:
             scores = output_scores(outputs) if status == 200 else []  # an error's outputs were not answered

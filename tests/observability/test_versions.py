@@ -108,11 +108,22 @@ def test_observe_attributes_errors_to_the_version_and_refusals_to_the_model_only
         common = {"model": "router", "request_id": "r", "texts": ["t"]}
         observing.observe(status=200, code=None, timing={"total_ms": 20.0}, version="1", outputs=outputs, **common)
         observing.observe(status=200, code=None, timing={"total_ms": 80.0}, version="2", outputs=outputs, **common)
-        observing.observe(status=504, code="deadline_exceeded", timing={"total_ms": 9000.0}, version="2", **common)
+        # No answer, so no model_version: the version it was admitted to (online.predict notes it).
+        assert observing.version_admitted() is None
+        observing.admitted_to_version("2")
+        observing.observe(
+            status=504,
+            code="deadline_exceeded",
+            timing={"total_ms": 9000.0},
+            version=observing.version_admitted(),
+            **common,
+        )
         observing.observe(
             status=502, code="worker_failed", timing={"total_ms": 40.0}, version="2", outputs=outputs, **common
         )
         observing.observe(status=503, code="backlog_full", timing={"total_ms": 1.0}, **common)  # before a version
+        # A version picked, then refused by admission: the request never reached it.
+        observing.observe(status=429, code="rate_limited", timing={"total_ms": 1.0}, version="1", **common)
         observing.observe(status=200, code=None, timing={"total_ms": 20.0}, version="9|x", outputs=outputs, **common)
         accumulator = observing._accumulator()
         sums: dict[str, float] = {}
@@ -127,7 +138,8 @@ def test_observe_attributes_errors_to_the_version_and_refusals_to_the_model_only
     assert sums["vreq|router|1|ok"] == 1 and sums["vreq|router|2|ok"] == 1
     assert sums["vreq|router|2|504"] == 1 and sums["vreq|router|2|502"] == 1
     assert sums["vreq|router|other|ok"] == 1, "an unknown version is counted, under `other`"
-    assert not any(k.startswith("vreq|") and "503" in k for k in sums), "a refusal has no version"
+    assert sums["req|router|429"] == 1
+    assert not any(k.startswith("vreq|") and ("503" in k or "429" in k) for k in sums), "a refusal has no version"
     # Scores of answered requests only: the 502's outputs were never answered.
     assert sums["vscoresum|router|2"] == pytest.approx(0.62)
     figures = {(f.model, f.version): f for f in metrics.version_figures(sums)}

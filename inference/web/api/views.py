@@ -31,7 +31,7 @@ from inference.core.workers import serving_workers
 from inference.web import online
 from inference.web.admission import Decision
 from inference.web.api.auth import authenticate
-from inference.web.observe import observe
+from inference.web.observe import observe, version_admitted
 from inference.web.validation import parse_deadline_ms, parse_json_body, validate_inputs
 from observability.metrics import STAGES
 from platform_.errors import ApiError
@@ -263,7 +263,7 @@ async def serve_observed(
         request_id=request_id,
         texts=seen["texts"],
         worker=seen["worker"],
-        version=seen.get("version"),
+        version=seen.get("version") or version_admitted(),  # no answer: the version it was admitted to
         outputs=seen.get("outputs"),
     )
     return finish_response(response, request_id)
