@@ -10,6 +10,7 @@ class InferenceConfig(AppConfig):
         from django.db.models.signals import post_delete, post_save
         from rest_framework.authtoken.models import Token
 
+        from inference import deployments
         from inference.web import diagnosis, monitoring
         from inference.web.api import auth
         from observability import registry
@@ -25,3 +26,6 @@ class InferenceConfig(AppConfig):
         registry.register_dashboard(monitoring.dashboard_section)
         registry.register_version_roles(monitoring.version_roles)
         registry.register_housekeeping(monitoring.trim_slow_log, interval_s=60)
+        # Switch promoted versions once loaded everywhere, re-mirror deployments Redis lost (issue 21).
+        registry.register_housekeeping(deployments.housekeeping, interval_s=0.5)
+        registry.register_housekeeping(deployments.persist_digests, interval_s=10)

@@ -27,7 +27,8 @@ from django.utils.text import capfirst
 from django.views.decorators.http import require_POST
 
 from inference.core.labels import labels_for
-from jobs import export, lifecycle, quotas, scheduler
+from inference.core.registry import get_registry
+from jobs import export, lifecycle, quotas, scheduler, versions
 from jobs.batches import batch_object
 from jobs.display import ahead_texts, answer_html, duration_text, input_html, score_meaning, task_of, time_left_text
 from jobs.models import TERMINAL, Batch, CallbackSecret, Job, JobRow, JobStatus, RowStatus, UserShare
@@ -345,6 +346,25 @@ class JobAdmin(admin.ModelAdmin):
             f"{rows} failed row(s) queued again{note if left else ''}",
             messages.SUCCESS if rows else messages.WARNING,
         )
+
+    def get_actions(self, request: HttpRequest):
+        """The declared actions, plus one per model version: move the selected unfinished jobs to it (their
+        rows still to run use it; rows done keep the version they ran on). Issue 21: a job keeps its
+        pinned version to the end unless staff move it."""
+        actions = super().get_actions(request)
+        if not self.has_operate_permission(request):
+            return actions
+        registry = get_registry()
+        names = sorted({v for model in registry.names() for v in registry.versions_of(model)})
+        for version in names:
+
+            def move(modeladmin, request, queryset, version=version):
+                moved = versions.move(list(queryset), version)
+                modeladmin.message_user(request, f"{moved} job(s) moved to model version {version}")
+
+            name = f"move_to_version_{version}"
+            actions[name] = (move, name, f"Move selected unfinished jobs to model version {version}")
+        return actions
 
     @admin.action(description="Export results of selected jobs (CSV)", permissions=["operate"])
     def export_results(self, request: HttpRequest, queryset: QuerySet[Job]) -> StreamingHttpResponse:

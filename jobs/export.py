@@ -2,9 +2,9 @@
 spreadsheets, JSON lines for programs); memory stays flat for any job size.
 
 The CSV is for spreadsheets, so user-supplied cells that would run as formulas are neutralised; the
-JSON results (jobs/api) carry the raw text. Its columns follow the model's task: a text task's label
-and score; a question-answering row's question, context, answer and offsets; a token-classification
-row's entities. Every layout ends with the full `output` JSON, and an export mixing jobs of tasks with
+JSON results (jobs/api) carry the raw text. Its columns follow the model's task type's `export_columns`
+(inference/core/task_types/): a text task's label and score; a question-answering row's question,
+context, answer and offsets; a token-classification row's entities; a plugin task's own. Every layout ends with the full `output` JSON, and an export mixing jobs of tasks with
 different layouts uses the text one (the `output` column still carries each row's answer).
 """
 
@@ -19,6 +19,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.http import StreamingHttpResponse
 
 from inference.core.registry import get_registry
+from inference.core.task_types import TEXT_EXPORT, ExportColumn, TaskType, get_task_type
 from jobs.models import Job, JobRow
 from platform_.streams import streaming_response
 
@@ -54,20 +55,10 @@ def _output(row: JobRow) -> dict[str, Any]:
     return row.output if isinstance(row.output, dict) else {}
 
 
-def _input(row: JobRow, field: str) -> str:
-    return str(row.inputs.get(field, "")) if isinstance(row.inputs, dict) else ""
-
-
 def _number(value: object, digits: int = 6) -> str:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return ""
     return str(value) if isinstance(value, int) else f"{value:.{digits}f}"
-
-
-def _entities_text(row: JobRow) -> str:
-    """Entities as a person reads them: "PER: Ada Lovelace; LOC: London"."""
-    entities = _output(row).get("entities") or []
-    return "; ".join(f"{e.get('label', '')}: {e.get('text', '')}" for e in entities if isinstance(e, dict))
 
 
 _JOB: tuple[Column, ...] = (
@@ -78,53 +69,63 @@ _JOB: tuple[Column, ...] = (
     ("id", lambda row: neutralise(row.external_id)),
 )
 _TAIL: tuple[Column, ...] = (
+    # The model version that answered the row (issue 21): a job's rows share one unless staff moved it.
+    ("model_version", lambda row: row.model_version),
     ("reviewed", lambda row: "yes" if row.reviewed_at else ""),
     ("error", lambda row: neutralise(row.error)),
     ("output", lambda row: "" if row.output is None else neutralise(json.dumps(row.output, separators=(",", ":")))),
 )
-_LOW: Column = ("low_confidence", lambda row: "yes" if row.low_confidence else "")
-_SCORE: Column = ("score", lambda row: "" if row.score is None else f"{row.score:.6f}")
+# The row's own columns a task type's layout names by string.
+_NAMED: dict[str, Column] = {
+    "text": ("text", lambda row: neutralise(row.text)),
+    "status": ("status", lambda row: row.status),
+    "label": ("label", lambda row: neutralise(row.label)),
+    "score": ("score", lambda row: "" if row.score is None else f"{row.score:.6f}"),
+    "corrected_label": ("corrected_label", lambda row: neutralise(row.corrected_label)),
+    "low_confidence": ("low_confidence", lambda row: "yes" if row.low_confidence else ""),
+}
 
-TEXT_COLUMNS: tuple[Column, ...] = (
-    *_JOB,
-    ("text", lambda row: neutralise(row.text)),
-    ("status", lambda row: row.status),
-    ("label", lambda row: neutralise(row.label)),
-    _SCORE,
-    ("corrected_label", lambda row: neutralise(row.corrected_label)),
-    _LOW,
-    *_TAIL,
-)
-QA_COLUMNS: tuple[Column, ...] = (
-    *_JOB,
-    ("question", lambda row: neutralise(_input(row, "question"))),
-    ("context", lambda row: neutralise(_input(row, "context"))),
-    ("status", lambda row: row.status),
-    ("answer", lambda row: neutralise(str(_output(row).get("answer", "")))),
-    ("answer_start", lambda row: _number(_output(row).get("start"))),
-    ("answer_end", lambda row: _number(_output(row).get("end"))),
-    _SCORE,
-    _LOW,
-    *_TAIL,
-)
-ENTITY_COLUMNS: tuple[Column, ...] = (
-    *_JOB,
-    ("text", lambda row: neutralise(row.text)),
-    ("status", lambda row: row.status),
-    ("entities", lambda row: neutralise(_entities_text(row))),
-    ("entity_count", lambda row: str(len(_output(row).get("entities") or [])) if row.output is not None else ""),
-    ("truncated", lambda row: "yes" if _output(row).get("truncated") else ""),
-    *_TAIL,
-)
-LAYOUTS: dict[str, tuple[Column, ...]] = {"question-answering": QA_COLUMNS, "token-classification": ENTITY_COLUMNS}
+
+def _task_column(column: ExportColumn) -> Column:
+    """A task type's column: its value from the row's input cells and output, neutralised when it is text."""
+
+    def cell(row: JobRow) -> str:
+        inputs = row.inputs if isinstance(row.inputs, dict) else {}
+        output = None if row.output is None else _output(row)
+        value = column.value(inputs, output)
+        return neutralise("" if value is None else str(value)) if column.text else _number(value)
+
+    return column.header, cell
+
+
+def columns_of(layout: tuple[str | ExportColumn, ...]) -> tuple[Column, ...]:
+    """The export's columns for a task type's layout: the job's, the task's, then the tail every layout ends with."""
+    named = tuple(_NAMED[c] if isinstance(c, str) else _task_column(c) for c in layout)
+    return (*_JOB, *named, *_TAIL)
+
+
+TEXT_COLUMNS = columns_of(TEXT_EXPORT)
+# Task name -> its columns, for the tasks whose layout is not the text one (built once per task type).
+LAYOUTS: dict[str, tuple[Column, ...]] = {}
+
+
+def layout_of(task_type: TaskType) -> tuple[Column, ...]:
+    if task_type.export_columns == TEXT_EXPORT:
+        return TEXT_COLUMNS
+    if task_type.name not in LAYOUTS:
+        LAYOUTS[task_type.name] = columns_of(task_type.export_columns)
+    return LAYOUTS[task_type.name]
+
+
+QA_COLUMNS = layout_of(get_task_type("question-answering"))
+ENTITY_COLUMNS = layout_of(get_task_type("token-classification"))
 
 
 def layout_for_models(models: set[str]) -> tuple[Column, ...]:
     """The columns for rows of jobs on these models: their task's layout when they share one, else the text one."""
     registry = get_registry()
-    tasks = {spec.task if (spec := registry.get(name)) else "" for name in models}
-    named = {task if task in LAYOUTS else "text" for task in tasks}
-    return LAYOUTS[named.pop()] if len(named) == 1 and named != {"text"} else TEXT_COLUMNS
+    layouts = {layout_of(spec.task_type) if (spec := registry.get(name)) else TEXT_COLUMNS for name in models}
+    return layouts.pop() if len(layouts) == 1 else TEXT_COLUMNS
 
 
 class _Echo:
@@ -150,7 +151,7 @@ class Writer(Protocol):
 
 
 class CsvWriter:
-    """For spreadsheets: columns by the rows' task (LAYOUTS), formula-like cells neutralised."""
+    """For spreadsheets: columns by the rows' task type (`export_columns`), formula-like cells neutralised."""
 
     content_type = "text/csv; charset=utf-8"
     extension = "csv"
@@ -167,7 +168,7 @@ class JsonlWriter:
     extension = "jsonl"
     FIELDS = (
         "job_id", "index", "external_id", "text", "inputs", "status", "label", "score", "output", "error",
-        "attempts", "low_confidence", "corrected_label",
+        "attempts", "low_confidence", "corrected_label", "model_version",
     )  # fmt: skip
 
     def lines(self, rows: QuerySet[JobRow], block_rows: int = 1000) -> Iterator[str]:

@@ -22,7 +22,7 @@ from django.utils import timezone
 from inference.core.registry import ModelSpec, get_registry
 from inference.core.task_io import takes_text
 from inference.core.tokens import token_counts
-from jobs import enqueue, files, quotas, readers, scheduler
+from jobs import enqueue, files, quotas, readers, scheduler, versions
 from jobs.files import PartsGone, PartsReader
 from jobs.ingest import IngestError, IngestLimits, in_task_order, input_columns, shown
 from jobs.models import Batch, Chunk, FileFormat, FilePart, Job, JobRow, JobStatus, Priority, RowStatus, UploadPart
@@ -66,6 +66,10 @@ def create_job(
     the header and the first rows raise IngestError here, before anything is created; problems further
     into the file fail the job later with the same messages.
     """
+    try:
+        model, pinned = versions.model_and_version(model)  # `router@2` pins the job to version 2
+    except versions.UnknownVersion as unknown:
+        raise IngestError(str(unknown), field="model") from None
     spec = get_registry().get(model)
     if spec is None:
         raise IngestError(
@@ -89,6 +93,7 @@ def create_job(
             owner=owner,
             api_key_id=api_key_id,
             model=model,
+            model_version=pinned,  # "": the active version, pinned by jobs/versions.py as the row is saved
             filename=filename[:255],
             text_column="" if structured else mapping["text"],
             input_columns=mapping if structured else {},

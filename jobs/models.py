@@ -74,6 +74,10 @@ class Job(models.Model):
         "accounts.ApiKey", null=True, blank=True, on_delete=models.SET_NULL, related_name="jobs", editable=False
     )
     model = models.CharField(max_length=100)
+    # The model version the job runs on to its end (issue 21): the active one when it was created, or the
+    # one its upload pinned (`model@version`); staff may move it. Blank: a job from before versions, run
+    # on whatever its worker's default version is.
+    model_version = models.CharField(max_length=32, blank=True)
     priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL, db_index=True)
     status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING, db_index=True)
     filename = models.CharField(max_length=255, blank=True)
@@ -446,6 +450,8 @@ class JobRow(models.Model):
     # that failed at run time (a worker or model error) keeps False and may be retried.
     # db_default too: during a rolling deploy, processes still on the previous code insert rows without it.
     input_error = models.BooleanField(default=False, db_default=False)
+    # The model version that produced this row's output (blank until it ran).
+    model_version = models.CharField(max_length=32, blank=True)
     # Tokens the model reads for this row, counted at ingest (what the fair share charges, and a batch
     # line's `usage`); 0 for a row that failed at ingest.
     tokens = models.PositiveIntegerField(default=0)

@@ -20,20 +20,17 @@ from inference.child import runtime
 from inference.core.backlog import online_in_flight
 from inference.core.planning import group_by
 from inference.core.registry import ModelSpec, get_registry
-from inference.core.task_io import input_fields, takes_text
-from inference.core.tokens import qa_tokens
 from jobs import lifecycle, scheduler
 from jobs.ingest import inputs_error, row_error
 from jobs.keys import OFFLINE_YIELD_FIELD, offline_inference_field, offline_rows_field, offline_user_rows_field
 from jobs.models import RUNNABLE, Chunk, Job, JobRow, RowStatus
 from observability import metrics
-from platform_.errors import ApiError
 from platform_.redis import get_redis
 
 logger = logging.getLogger(__name__)
 # Progress recounts the job's rows: often enough to watch, rarely enough to cost little on big jobs.
 _PROGRESS_EVERY_S = 2.0
-_ROW_FIELDS = ["status", "label", "score", "output", "error", "attempts", "low_confidence"]
+_ROW_FIELDS = ["status", "label", "score", "output", "error", "attempts", "low_confidence", "model_version"]
 
 
 def claim(chunk_ids: list[int], stall_s: float) -> list[Chunk]:
@@ -50,6 +47,7 @@ class ResultWriter:
 
     def __init__(self, model: str, rows: list[JobRow], chunks: list[Chunk], low_confidence: float) -> None:
         self.model, self.rows, self.chunks, self.low_confidence = model, rows, chunks, low_confidence
+        self.version = ""  # the model version the rows run on: each written row records it
         self.job_ids = sorted({c.job_id for c in chunks})
         self.written: set[int] = set()
         self.cancelled: set[int] = set()
@@ -71,6 +69,7 @@ class ResultWriter:
             score = output.get("score")
             score = float(score) if isinstance(score, int | float) else None
             row.status, row.output, row.error = RowStatus.DONE, output, ""
+            row.model_version = self.version
             row.label = str(output.get("label", ""))[:100]
             row.score = score
             row.low_confidence = score is not None and score < self.low_confidence
@@ -181,21 +180,12 @@ def run_chunks(requests: list[Any]) -> None:
 
 
 def _model_error(spec: ModelSpec, inputs: dict[str, str]) -> str:
-    """Why the model cannot take this question and context ("" when it can), as predict's 400 says it: a
-    field with nothing its tokenizer reads, (span method) a question too long for its windows, or more
-    tokens than one forward pass. Checked
-    before the batch runs: the handler raising on one row would fail every row of the batch, other users'
-    jobs included."""
-    try:
-        tokens = qa_tokens(spec, 0, inputs["question"], inputs["context"])
-    except ApiError as error:
-        return error.detail.removeprefix("inputs[0].")[:500]
-    if tokens > spec.max_batch_tokens:  # as online: one row runs whole, without yielding to online calls
-        return (
-            f"the question and context are {tokens} tokens for model {spec.name!r}; one row may be at most "
-            f"{spec.max_batch_tokens} (the model's max_batch_tokens, one forward pass): split the context"
-        )
-    return ""
+    """Why the model cannot take this row's structured input ("" when it can), as predict's 400 says it
+    (its task type's `input_problem`: for question-answering a field with nothing its tokenizer reads, a
+    question too long for its windows, or more tokens than one forward pass). Checked before the batch
+    runs: the handler raising on one row would fail every row of the batch, other users' jobs included."""
+    task_type = spec.task_type
+    return task_type.input_problem(spec, task_type.input_from_cells(inputs))
 
 
 def _run_model(model: str, chunk_ids: list[int]) -> None:
@@ -206,11 +196,37 @@ def _run_model(model: str, chunk_ids: list[int]) -> None:
     if not chunks:
         return
     Job.start(c.job_id for c in chunks)
+    # Each job runs on the version it pinned (jobs/versions.py), so a batch mixing jobs pinned to
+    # different versions runs as one batch per version.
+    pinned = dict(Job.objects.filter(pk__in={c.job_id for c in chunks}).values_list("pk", "model_version"))
+    for version, group in group_by(chunks, lambda c: pinned.get(c.job_id) or "").items():
+        _run_version(model, version or None, group)
+
+
+def _ensure_loaded(model: str, version: str) -> None:
+    """Load a job's pinned version in this child if it lacks it (beside the others, at most two extra)."""
+    from inference.child import versions
+
+    if versions.keeper is not None:
+        versions.keeper.ensure(model, version)
+    elif (model, version) not in runtime._versions:  # a child without a keeper (tests): load it plainly
+        spec = get_registry().version_spec(model, version)
+        if spec is None:
+            raise versions.VersionRefused(f"model {model!r} has no version {version!r} in the models file")
+        versions.verify(spec, get_redis())
+        runtime.load_one(spec)
+
+
+def _run_version(model: str, version: str | None, chunks: list[Chunk]) -> None:
+    """Run the chunks of jobs pinned to `version` of `model` (None: jobs from before versions, which run on
+    this child's default version)."""
     rows = lifecycle.pending_rows(chunks)
-    spec = get_registry().get(model)
-    # Tasks with several input fields (question-answering) run on the row's stored `inputs`; the
-    # others on its text. A retried row is checked again, with the same messages as at ingest.
-    fields = input_fields(spec.task) if spec is not None and not takes_text(spec.task) else None
+    spec = get_registry().version_spec(model, version) or get_registry().get(model)
+    # Tasks with several input fields (question-answering) run on the row's stored `inputs` (cells, as
+    # the file gave them: the task type makes each an input); the others on its text. A retried row is
+    # checked again, with the same messages as at ingest.
+    task_type = spec.task_type if spec is not None else None
+    fields = task_type.input_fields if task_type is not None and not task_type.takes_text else None
     invalid = []
     for row in rows:
         if fields:
@@ -227,6 +243,7 @@ def _run_model(model: str, chunk_ids: list[int]) -> None:
         spec.low_confidence_below if spec and spec.low_confidence_below is not None else settings.JOBS_LOW_CONFIDENCE
     )
     writer = ResultWriter(model, rows, chunks, threshold)
+    writer.version = version or (spec.version if spec else "")
 
     def before_pass() -> int | None:
         if writer.all_cancelled():
@@ -235,8 +252,12 @@ def _run_model(model: str, chunk_ids: list[int]) -> None:
 
     try:
         if rows:
-            inputs = [{f: row.inputs[f] for f in fields} if fields else row.text for row in rows]
-            runtime.run(model, inputs, on_pass=writer.pass_done, before_pass=before_pass)
+            if version:
+                _ensure_loaded(model, version)
+            else:
+                writer.version = runtime.spec(model).version
+            inputs = [task_type.input_from_cells(row.inputs) if fields else row.text for row in rows]
+            runtime.run(model, inputs, on_pass=writer.pass_done, before_pass=before_pass, version=version)
     except _AllCancelled:
         logger.info("every job in this offline batch was cancelled: its remaining passes are skipped")
     except Exception as exc:  # the batch's rows must end failed, not pending forever

@@ -24,7 +24,19 @@ if TYPE_CHECKING:
     from inference.child.handlers.base import Handler
 
 logger = logging.getLogger(__name__)
+# model -> the handler of the version this child runs when a caller names none (the deployment's active
+# one when the child started; kept current by inference/child/versions.py).
 _handlers: dict[str, Handler] = {}
+# (model, version) -> handler: every version loaded here, the active one included (issue 21: a new
+# version loads beside the one serving, and in-flight work of the old one finishes on it).
+_versions: dict[tuple[str, str], Handler] = {}
+# (model, version) -> when a pass last ran on it (monotonic): a version no longer wanted is unloaded
+# only after a drain period without work.
+_last_used: dict[tuple[str, str], float] = {}
+
+
+class VersionNotLoaded(LookupError):
+    """A request or job named a version this child has not loaded."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +49,7 @@ class Pass:
 
 
 def load(specs: list[ModelSpec]) -> None:
-    """Load, then warm up, every model this child serves."""
+    """Load, then warm up, every model this child serves (specs may hold several versions of a model)."""
     import torch
 
     from inference.child.handlers import build_handler
@@ -46,30 +58,79 @@ def load(specs: list[ModelSpec]) -> None:
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     devices: list[str] = []
+    defaults: set[str] = set()
     for spec in specs:
-        started = time.perf_counter()
-        handler = build_handler(spec)
-        handler.warm_up()
-        _handlers[spec.name] = handler
-        device = str(getattr(handler, "device", "cpu"))  # the identity handler has no weights: it runs on the CPU
-        logger.info(
-            "loaded %s (%s) on %s as %s in %.2f s",
-            spec.name,
-            spec.task,
-            device,
-            spec.dtype or "float32",
-            time.perf_counter() - started,
-        )
-        devices.append(device)
+        handler = load_one(spec, build_handler)
+        if spec.name not in defaults:  # the first spec given of a model is its default version
+            _handlers[spec.name] = handler
+            defaults.add(spec.name)
+        devices.append(str(getattr(handler, "device", "cpu")))  # identity has no weights: it runs on the CPU
     gpu.set_loaded(devices)
+
+
+def load_one(spec: ModelSpec, build: Callable[[ModelSpec], Handler] | None = None) -> Handler:
+    """Load and warm one version of a model and add it beside the others (serving goes on meanwhile when
+    called from a background thread: the handler is published only once warm)."""
+    if build is None:
+        from inference.child.handlers import build_handler as build
+    started = time.perf_counter()
+    handler = build(spec)
+    handler.warm_up()
+    _versions[(spec.name, spec.version)] = handler
+    logger.info(
+        "loaded %s version %s (%s) on %s as %s in %.2f s",
+        spec.name,
+        spec.version,
+        spec.task,
+        getattr(handler, "device", "cpu"),
+        spec.dtype or "float32",
+        time.perf_counter() - started,
+    )
+    return handler
+
+
+def unload(model: str, version: str) -> None:
+    """Forget a version (its memory goes with the last pass still holding it)."""
+    _versions.pop((model, version), None)
+    _last_used.pop((model, version), None)
+    logger.info("unloaded %s version %s", model, version)
+
+
+def set_default(model: str, version: str) -> None:
+    """The version run when a caller names none (the deployment's active one)."""
+    if (model, version) in _versions:
+        _handlers[model] = _versions[(model, version)]
+
+
+def loaded_versions() -> dict[str, list[str]]:
+    """model -> versions loaded here, for the heartbeat."""
+    found: dict[str, list[str]] = {}
+    for model, version in _versions:
+        found.setdefault(model, []).append(version)
+    return {model: sorted(versions) for model, versions in found.items()}
+
+
+def last_used(model: str, version: str) -> float:
+    return _last_used.get((model, version), 0.0)
+
+
+def handler_for(model: str, version: str | None = None) -> Handler:
+    """The handler of `model` at `version` (None: this child's default version of it)."""
+    if version is None:
+        return _handlers[model]
+    handler = _versions.get((model, version))
+    if handler is None:
+        loaded = sorted(v for m, v in _versions if m == model)
+        raise VersionNotLoaded(f"version {version!r} of model {model!r} is not loaded here (loaded: {loaded})")
+    return handler
 
 
 def loaded() -> list[str]:
     return sorted(_handlers)
 
 
-def spec(model: str) -> ModelSpec:
-    return _handlers[model].spec
+def spec(model: str, version: str | None = None) -> ModelSpec:
+    return handler_for(model, version).spec
 
 
 def run(
@@ -77,6 +138,7 @@ def run(
     texts: list[Any],
     on_pass: Callable[[list[int], list[Any], list[Any]], None] | None = None,
     before_pass: Callable[[], int | None] | None = None,
+    version: str | None = None,
 ) -> tuple[list[dict[str, Any]], list[Pass]]:
     """Outputs in input order, and for each input the forward pass it ran in.
 
@@ -88,9 +150,13 @@ def run(
 
     Texts are tokenized once, sorted by length and cut into passes by the model's padded-token
     budget: on a CPU a pass costs what its padded tokens cost, so similar lengths go together.
+
+    `version` names the model's version (VersionNotLoaded when this child has not loaded it); None runs
+    this child's default version of the model.
     """
-    handler = _handlers[model]
+    handler = handler_for(model, version)
     spec = handler.spec
+    _last_used[(model, spec.version)] = time.monotonic()
     ids = handler.tokenize(texts)
     outputs: list[dict[str, Any] | None] = [None] * len(texts)
     passes: list[Pass | None] = [None] * len(texts)
@@ -120,4 +186,5 @@ def run(
             passes[index] = done
         if on_pass:
             on_pass(group, outputs, passes)
+    _last_used[(model, spec.version)] = time.monotonic()
     return outputs, passes  # type: ignore[return-value]

@@ -37,9 +37,13 @@ def _timing(request: Any, passes: list[runtime.Pass], group_size: int) -> dict[s
 
 
 def serve_online(requests: list[Any], client: redis.Redis, state: WorkerState | None = None) -> None:
-    """Answer each request in `requests` (celery-batches SimpleRequests stamped by AdaptiveBatches)."""
-    for model, group in group_by(requests, lambda r: r.kwargs["model"]).items():
-        _serve_model(model, group, client, state)
+    """Answer each request in `requests` (celery-batches SimpleRequests stamped by AdaptiveBatches).
+
+    Requests run on the model version the web tier stamped them with (`version`; none: this child's
+    default), so one version's requests share passes and a swap never mixes versions in an answer.
+    """
+    for (model, version), group in group_by(requests, lambda r: (r.kwargs["model"], r.kwargs.get("version"))).items():
+        _serve_model(model, group, client, state, version)
 
 
 def part_of(request: Any) -> dict[str, Any]:
@@ -72,8 +76,9 @@ class _Answers:
     are quick, one per slow pass otherwise.
     """
 
-    def __init__(self, model: str, live: list[Any], client: redis.Redis, worker: str) -> None:
+    def __init__(self, model: str, live: list[Any], client: redis.Redis, worker: str, version: str = "") -> None:
         self.model, self.live, self.client, self.worker = model, live, client, worker
+        self.version = version  # every answer says which model version produced it
         self.owner: list[int] = [n for n, r in enumerate(live) for _ in r.kwargs["inputs"]]
         self.first_text = [0] * len(live)
         for n in range(1, len(live)):
@@ -97,6 +102,7 @@ class _Answers:
                         "outputs": outputs[own],
                         "timing": _timing(request, passes[own], len(self.live)),
                         "worker": self.worker,
+                        "model_version": self.version,
                     },
                 )
                 self.answered.add(n)
@@ -129,37 +135,41 @@ class _Answers:
         return [r for n, r in enumerate(self.live) if n not in self.answered]
 
 
-def _culprit(model: str, request: Any) -> str:
+def _culprit(model: str, request: Any, version: str | None = None) -> str:
     """Which of a failing request's texts the model cannot take, said without internals."""
     for index, text in enumerate(request.kwargs["inputs"]):
         try:
-            runtime.run(model, [text])
+            runtime.run(model, [text], version=version)
         except Exception as exc:
             reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
             return f"model {model!r} could not process inputs[{_offset(request) + index}]: {reason}"
     return f"model {model!r} could not process this request's texts together; send them in smaller requests"
 
 
-def _isolate(model: str, requests: list[Any], client: redis.Redis, worker: str) -> tuple[int, int]:
+def _isolate(
+    model: str, requests: list[Any], client: redis.Redis, worker: str, version: str | None = None
+) -> tuple[int, int]:
     """Run each request alone after a batch failed, so only a request whose own input fails gets an
     error and its neighbours get their answers. Returns (answered, failed)."""
     answered = failed = 0
     for request in requests:
         if request.kwargs["deadline"] <= time.time():
             continue  # its caller has been answered 504 already
-        alone = _Answers(model, [request], client, worker)
+        alone = _Answers(model, [request], client, worker, runtime.spec(model, version).version)
         try:
-            runtime.run(model, request.kwargs["inputs"], on_pass=alone.pass_done)
+            runtime.run(model, request.kwargs["inputs"], on_pass=alone.pass_done, version=version)
             answered += 1
         except Exception:
             logger.warning("request %s fails on model %s on its own", request.id, model, exc_info=True)
-            alone.fail([request], _culprit(model, request), "input_rejected")
+            alone.fail([request], _culprit(model, request, version), "input_rejected")
             failed += 1
         alone.flush()
     return answered, failed
 
 
-def _serve_model(model: str, group: list[Any], client: redis.Redis, state: WorkerState | None) -> None:
+def _serve_model(
+    model: str, group: list[Any], client: redis.Redis, state: WorkerState | None, version: str | None = None
+) -> None:
     started = time.time()
     live = [r for r in group if r.kwargs["deadline"] > started]
     expired = len(group) - len(live)
@@ -168,15 +178,24 @@ def _serve_model(model: str, group: list[Any], client: redis.Redis, state: Worke
         return
     texts = [text for r in live for text in r.kwargs["inputs"]]
     worker = state.worker_id if state else ""
-    answers = _Answers(model, live, client, worker)
     try:
-        _, passes = runtime.run(model, texts, on_pass=answers.pass_done)
+        served = runtime.spec(model, version).version
+    except runtime.VersionNotLoaded as missing:
+        # Pinned to a version this child lacks (the web tier checks pins against heartbeats, which lag):
+        # a clear refusal, not a load on the request's time.
+        answers = _Answers(model, live, client, worker)
+        answers.fail(live, str(missing), "version_not_loaded")
+        answers.flush(done=0, texts=0, busy_s=0.0, expired=expired, failed=len(live))
+        return
+    answers = _Answers(model, live, client, worker, served)
+    try:
+        _, passes = runtime.run(model, texts, on_pass=answers.pass_done, version=version)
     except Exception:
         # One request's input can fail a whole pass; its neighbours must not pay for it.
         logger.warning("a batch of %d requests failed on %s; running them one by one", len(live), model, exc_info=True)
         answers.flush()  # those answered before the failing pass
         rest = answers.unanswered()
-        done, failed = _isolate(model, rest, client, worker)
+        done, failed = _isolate(model, rest, client, worker, version)
         done += len(live) - len(rest)
         # No busy time: the re-runs would read as a slow drain rate (tokens per busy second) and make
         # admission refuse everyone for a poisoned request.
@@ -193,5 +212,5 @@ def _serve_model(model: str, group: list[Any], client: redis.Redis, state: Worke
         expired=expired,
         pass_sizes=[p.size for p in distinct],
         inference_s=sum(p.end - p.start for p in distinct),
-        max_batch_size=runtime.spec(model).max_batch_size,
+        max_batch_size=runtime.spec(model, version).max_batch_size,
     )

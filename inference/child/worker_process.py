@@ -1,4 +1,5 @@
-"""Worker child lifecycle: load models and start the heartbeat at child start, stop it at child exit.
+"""Worker child lifecycle: load models (every wanted version) and start the heartbeat and the version
+keeper at child start, stop them at child exit.
 
 Connected to Celery's worker_process_init / worker_process_shutdown in inference/tasks.py, so it
 runs in prefork children only: never in the worker's parent nor in the web process.
@@ -12,7 +13,7 @@ from contextlib import contextmanager
 
 from django.conf import settings
 
-from inference.child import runtime
+from inference.child import runtime, versions
 from inference.core.queues import served_models
 from inference.core.registry import get_registry
 from inference.core.workers import Heartbeat, WorkerState
@@ -37,12 +38,28 @@ def start() -> None:
         raise RuntimeError(
             f"this worker consumes {sorted(consumed)}: no queue there carries a model of the models file"
         )
-    runtime.load([registry.models[name] for name in names])
+    client = get_redis()
+    errors: dict[str, dict] = {}
+    # Every version the deployment wants (active, target, canary), verified, so a child started during a
+    # swap or a canary serves all of them from its first request.
+    runtime.load(versions.initial_specs(client, registry, names, errors))
     # Which queue this worker consumes (online or offline), shown on /models and the dashboard.
-    state = WorkerState(queue=worker_role(), models=runtime.loaded())
-    _heartbeat = Heartbeat(get_redis(), state, settings.WORKER_HEARTBEAT_S)
+    state = WorkerState(
+        queue=worker_role(), models=runtime.loaded(), versions=runtime.loaded_versions(), version_errors=errors
+    )
+    _heartbeat = Heartbeat(client, state, settings.WORKER_HEARTBEAT_S)
     _heartbeat.start()
-    logger.info("worker child %s ready on %s with %s", state.worker_id, state.queue, state.models)
+    versions.keeper = versions.VersionKeeper(
+        client,
+        registry,
+        names,
+        state,
+        _heartbeat.beat,
+        poll_s=settings.INFERENCE_VERSION_POLL_S,
+        drain_s=settings.INFERENCE_VERSION_DRAIN_S,
+    )
+    versions.keeper.start()
+    logger.info("worker child %s ready on %s with %s", state.worker_id, state.queue, state.versions)
 
 
 @contextmanager
@@ -58,5 +75,7 @@ def busy() -> Iterator[None]:
 
 
 def stop() -> None:
+    if versions.keeper:
+        versions.keeper.stop()
     if _heartbeat:
         _heartbeat.stop()

@@ -39,6 +39,11 @@ class WorkerState:
     started_at: float = field(default_factory=time.time)
     # Where this child's models run ("cpu", "cuda:1"): set by runtime.load before the state is built.
     device: str = field(default_factory=gpu.loaded_device)
+    # model -> versions loaded and warm here (inference/child/versions.py); a swap waits for every child.
+    versions: dict[str, list[str]] = field(default_factory=dict)
+    # "model@version" -> {"error", "changed_at"}: a version this child refused to load (checksum mismatch,
+    # load error) for the deployment changed at `changed_at`; an older deployment's refusals are history.
+    version_errors: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def as_json(self) -> str:
         return json.dumps({**self.__dict__, "pid": os.getpid(), "ts": time.time(), **_resources()})

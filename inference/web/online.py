@@ -19,6 +19,7 @@ from inference.core.registry import ModelSpec
 from inference.core.replies import gather_reply
 from inference.core.task_io import input_chars
 from inference.core.tokens import token_counts
+from inference.web import observe, versions
 from inference.web.admission import Admission, Decision
 from inference.web.publish import task_message
 from platform_.redis import get_async_redis
@@ -59,6 +60,8 @@ class Prediction:
     # Each text's tokens as the model saw them (after truncation): what admission priced the request
     # by, and what the OpenAI-compatible API reports as its usage.
     tokens: list[int]
+    # The model version that answered (the one this request was stamped with: inference/web/versions.py).
+    model_version: str = ""
 
 
 # Requests with more characters than this are tokenized in a thread (a short text takes ~0.2 ms inline).
@@ -124,15 +127,20 @@ async def predict(
     *,
     client: str = "",
     client_key: str = "",
+    version: str | None = None,
 ) -> Prediction:
     """Run `texts` through `spec`'s model on the online queue; `started_at` is when the HTTP request arrived.
 
     The texts are priced in tokens here; `client` is who sent them (fair share and fair order),
-    `client_key` how the early refusal path recognises that caller from its headers.
+    `client_key` how the early refusal path recognises that caller from its headers. `version` is a
+    version the caller pinned (checked by versions.check_pin); without one the deployment chooses, per
+    caller. Either way the request is stamped with it, and the answer says which version gave it.
     """
     deadline = started_at + deadline_ms / 1000
     admission = get_admission()
     tokens = await _count_tokens(spec, texts, admission, deadline)
+    if version is None:
+        version = await versions.choose(spec, client)
     task_id = uuid.uuid4().hex
     admit_start = time.time()
     kwargs = {
@@ -143,6 +151,7 @@ async def predict(
         "deadline": deadline,
         "enqueued_at": admit_start,
         "request_id": request_id,
+        "version": version,
     }
     # Admitted and queued in one round trip (the message is built first, and wasted when refused).
     try:
@@ -162,6 +171,7 @@ async def predict(
     admission_ms = (time.time() - admit_start) * 1000
     if not decision.admitted:
         raise Refused(decision, admission_ms)
+    observe.admitted_to_version(version)  # a deadline or a failure from here on counts against this version
     redis_client = get_async_redis(waits=True)
     try:
         reply = await gather_reply(redis_client, task_id, len(texts), deadline)
@@ -189,4 +199,10 @@ async def predict(
         postprocess_ms=round((now - inference_end) * 1000, 3),
         total_ms=round((now - started_at) * 1000, 3),
     )
-    return Prediction(outputs=reply["outputs"], timing=timing, worker=reply["worker"], tokens=tokens)
+    return Prediction(
+        outputs=reply["outputs"],
+        timing=timing,
+        worker=reply["worker"],
+        tokens=tokens,
+        model_version=reply.get("model_version") or version,
+    )

@@ -8,7 +8,7 @@ from rest_framework.reverse import reverse
 
 from inference.core.registry import get_registry
 from jobs.callbacks import CallbackRefused, check_destination
-from jobs.ingest import shown
+from jobs.ingest import column_fields, default_column, shown
 from jobs.models import CallbackSecret, FileFormat, Job, JobRow, Priority
 from jobs.scheduler import Standing, standing_of
 
@@ -55,7 +55,7 @@ class JobSerializer(serializers.ModelSerializer):
     class Meta:
         model = Job
         fields = [
-            "id", "batch_id", "owner", "model", "priority", "status", "filename", "file_format", "text_column", "input_columns", "id_column", "encoding",
+            "id", "batch_id", "owner", "model", "model_version", "priority", "status", "filename", "file_format", "text_column", "input_columns", "id_column", "encoding",
             "delimiter",
             "upload_bytes", "ingested_rows", "ingest_progress",
             "total_rows", "done_rows", "failed_rows", "progress", "elapsed_s", "rows_per_s", "eta_s",
@@ -174,6 +174,22 @@ class JobCreateSerializer(serializers.Serializer):
         help_text="POSTed the job's summary when it ends, signed with your callback secret (X-Signature-256)",
     )
 
+    def get_fields(self) -> dict[str, serializers.Field]:
+        """The declared fields, plus a `<field>_column` for each input field of a plugin task the models
+        file names (a rerank's query_column and documents_column)."""
+        fields = super().get_fields()
+        for name in column_fields():
+            if name not in fields:
+                fields[name] = serializers.CharField(
+                    required=False,
+                    allow_blank=True,
+                    default="",
+                    max_length=255,
+                    help_text=f"models of a task with a {default_column(name)} input field: its column "
+                    f"(default: {default_column(name)})",
+                )
+        return fields
+
     def validate_callback_url(self, value: str) -> str:
         if not value:
             return value
@@ -191,10 +207,17 @@ class JobCreateSerializer(serializers.Serializer):
         return value
 
     def validate_model(self, value: str) -> str:
+        """A served model, or `model@version` to pin the job to that version (issue 21)."""
         registry = get_registry()
-        if registry.get(value) is None:
+        name, _, version = value.partition("@")
+        if registry.get(name) is None:
             raise serializers.ValidationError(
-                f"unknown model {shown(value)}; served models: {', '.join(registry.names())}"
+                f"unknown model {shown(name)}; served models: {', '.join(registry.names())}"
+            )
+        if version and version not in registry.versions_of(name):
+            raise serializers.ValidationError(
+                f"model {name!r} has no version {shown(version)}; its versions: "
+                f"{', '.join(sorted(registry.versions_of(name)))}"
             )
         return value
 
@@ -230,6 +253,6 @@ class RowSerializer(serializers.ModelSerializer):
         model = JobRow
         fields = [
             "row", "index", "external_id", "text", "inputs", "status", "label", "score", "output", "error", "input_error",
-            "attempts", "low_confidence", "corrected_label",
+            "attempts", "low_confidence", "corrected_label", "model_version",
         ]  # fmt: skip
         read_only_fields = fields

@@ -263,6 +263,16 @@ DISPATCHER_HEARTBEAT_S = env.float("DISPATCHER_HEARTBEAT_S", default=1.0)
 # ONLINE_MAX_DEADLINE_MS: the longest deadline a client may ask for with X-Deadline-Ms (for large
 # requests that do not fit the default deadline); longer asks are capped to it.
 ONLINE_MAX_DEADLINE_MS = env.int("ONLINE_MAX_DEADLINE_MS", default=max(ONLINE_DEADLINE_MS, 10_000))
+# Model versions (issue 21; docs/operations.md, "Model versions, swaps and canaries"):
+# INFERENCE_VERSION_POLL_S: how often each worker child reads the deployment (and starts loading a
+# promoted or canary version beside what it serves).
+INFERENCE_VERSION_POLL_S = env.float("INFERENCE_VERSION_POLL_S", default=0.5)
+# INFERENCE_VERSION_DRAIN_S: how long a version no longer wanted stays loaded after its last work, so
+# requests stamped with it before a switch still finish on it: just over the longest online deadline.
+INFERENCE_VERSION_DRAIN_S = env.float("INFERENCE_VERSION_DRAIN_S", default=ONLINE_MAX_DEADLINE_MS / 1000 + 1.0)
+# INFERENCE_DEPLOYMENT_CACHE_MS: how long a web process reuses its read of the deployment mirror (a
+# stale read within it still finds its version loaded: the old one drains for INFERENCE_VERSION_DRAIN_S).
+INFERENCE_DEPLOYMENT_CACHE_MS = env.int("INFERENCE_DEPLOYMENT_CACHE_MS", default=200)
 # ONLINE_MAX_BACKLOG_TOKENS: tokens queued plus in flight per model, across all web processes. Admission
 # prices requests in tokens (inference/core/tokens.py), so one request of 64 long texts weighs what it costs.
 ONLINE_MAX_BACKLOG_TOKENS = env.int("ONLINE_MAX_BACKLOG_TOKENS", default=65_536)

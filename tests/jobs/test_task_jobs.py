@@ -277,7 +277,7 @@ def test_question_answering_export_has_the_answer_and_its_offsets(qa_job):
     (row,) = exported(qa_job)
     assert list(row) == [
         "job", "row", "index", "id", "question", "context", "status", "answer", "answer_start", "answer_end", "score",
-        "low_confidence", "reviewed", "error", "output",
+        "low_confidence", "model_version", "reviewed", "error", "output",
     ]  # fmt: skip
     assert (row["question"], row["context"], row["answer"]) == ("Who sent it?", CONTEXT, "Ada Lovelace")
     assert CONTEXT[int(row["answer_start"]) : int(row["answer_end"])] == row["answer"]
@@ -288,7 +288,8 @@ def test_question_answering_export_has_the_answer_and_its_offsets(qa_job):
 def test_token_classification_export_lists_the_entities_readably(entities_job):
     (row,) = exported(entities_job)
     assert list(row) == [
-        "job", "row", "index", "id", "text", "status", "entities", "entity_count", "truncated", "reviewed", "error", "output",
+        "job", "row", "index", "id", "text", "status", "entities", "entity_count", "truncated", "model_version", "reviewed", "error",
+        "output",
     ]  # fmt: skip
     assert (row["entities"], row["entity_count"], row["truncated"]) == ("PER: Ada Lovelace; LOC: London", "2", "")
     assert json.loads(row["output"]) == ENTITY_OUTPUT

@@ -302,10 +302,14 @@ async def _embeddings(request: HttpRequest, request_id: str, started_at: float, 
         # The tokenizer's 400 names a text (inputs[i]); refusals and failures name no field.
         raise openai_error(error, param="input" if error.code == "invalid_input" else None) from None
     seen["timing"], seen["worker"] = result.timing, result.worker
+    seen["version"] = result.model_version  # the per-version figures count embeddings calls too
     await usage.record(
         caller.user.pk, caller.key_id, checked.spec.name, inputs=len(checked.texts), tokens=sum(result.tokens)
     )
-    response = JsonResponse(embeddings_body(checked.spec.name, result.outputs, result.tokens, checked.encoding_format))
+    body = embeddings_body(checked.spec.name, result.outputs, result.tokens, checked.encoding_format)
+    # Not in OpenAI's schema: an extra field its clients ignore, which says which version answered (issue 21).
+    body["model_version"] = result.model_version
+    response = JsonResponse(body)
     response["Server-Timing"] = server_timing(result.timing)
     return response
 

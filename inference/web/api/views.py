@@ -24,11 +24,14 @@ from rest_framework.response import Response
 
 from accounts import quotas, usage
 from accounts.credentials import PREDICT
+from inference import deployments
 from inference.core.keys import DISPATCHERS_KEY, WORKERS_KEY
 from inference.core.registry import ModelSpec, get_registry
 from inference.core.task_io import input_fields
+from inference.core.versions import split_pin
 from inference.core.workers import serving_workers
-from inference.web import online
+from inference.models import VersionStatus
+from inference.web import online, versions
 from inference.web.admission import Decision
 from inference.web.api.auth import authenticate
 from inference.web.observe import observe, version_admitted
@@ -55,10 +58,13 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
     caller = await authenticate(request)
     caller.require(PREDICT)
     registry = get_registry()
+    name, pinned = split_pin(name)  # `router@2`: that version, where it is loaded
     spec = registry.get(name)
     if spec is None:
         raise ApiError(404, "unknown_model", f"unknown model {name!r}; served models: {', '.join(registry.names())}")
     caller.require(PREDICT, name)
+    if pinned is not None:
+        await versions.check_pin(spec, pinned)
     await quotas.admit(caller.limits)
     user = caller.user
     seen["model"] = name
@@ -79,12 +85,13 @@ async def _predict(request: Any, name: str, request_id: str, started_at: float, 
         started_at,
         client=str(user.pk),
         caller_key=client_key(request.headers),
+        version=pinned,
     )
     seen["timing"], seen["worker"] = result.timing, result.worker
     # Per-version figures (observe.py): the version that answered (issue 21) and the answers' scores.
     seen["version"], seen["outputs"] = getattr(result, "model_version", None), result.outputs
     await usage.record(user.pk, caller.key_id, name, inputs=len(texts), tokens=sum(result.tokens))
-    body = {"model": name, "outputs": result.outputs, "timing": result.timing}
+    body = {"model": name, "model_version": result.model_version, "outputs": result.outputs, "timing": result.timing}
     if user.is_staff:
         # The worker child that answered (host:pid), for operators tracing a call across hosts. Tenants
         # are not told it: host names and process ids would map the fleet for an attacker.
@@ -126,12 +133,14 @@ async def call_model(
     *,
     client: str,
     caller_key: str,
+    version: str | None = None,
 ) -> online.Prediction:
     """online.predict, its refusals and failures raised as the API's errors: shared by predict and
-    the OpenAI-compatible embeddings (inference/web/api/openai_compat.py), which reshapes them."""
+    the OpenAI-compatible embeddings (inference/web/api/openai_compat.py), which reshapes them.
+    `version`: a version the caller pinned (None: the deployment chooses)."""
     try:
         return await online.predict(
-            spec, texts, deadline_ms, request_id, started_at, client=client, client_key=caller_key
+            spec, texts, deadline_ms, request_id, started_at, client=client, client_key=caller_key, version=version
         )
     except online.Refused as refused:
         if refused.decision.status == 413 and _repeats_too_large(caller_key):
@@ -148,7 +157,9 @@ async def call_model(
         ) from None
     except online.WorkerFailed as exc:
         # input_rejected: the model failed on this request's own input, run apart from its neighbours.
-        raise ApiError(422 if exc.code == "input_rejected" else 502, exc.code, str(exc)) from None
+        # version_not_loaded: pinned to a version the child that took it lacks (heartbeats lag a moment).
+        status = {"input_rejected": 422, "version_not_loaded": 409}.get(exc.code, 502)
+        raise ApiError(status, exc.code, str(exc)) from None
     except redis.RedisError as exc:
         raise ApiError(
             503, "broker_unavailable", f"the broker is unreachable: {exc}", headers={"Retry-After": "1"}
@@ -307,6 +318,23 @@ _model_list = inline_serializer(
                     "queue": serializers.CharField(),
                     "served": serializers.BooleanField(),
                     "online_workers": serializers.IntegerField(),
+                    "active_version": serializers.CharField(),
+                    "target_version": serializers.CharField(allow_null=True, help_text="promoted, loading"),
+                    "previous_version": serializers.CharField(allow_null=True, help_text="what a rollback promotes"),
+                    "canary_version": serializers.CharField(allow_null=True),
+                    "canary_percent": serializers.FloatField(),
+                    "versions": serializers.ListField(
+                        child=inline_serializer(
+                            "ModelVersion",
+                            fields={
+                                "version": serializers.CharField(),
+                                "status": serializers.ChoiceField(choices=VersionStatus.values),
+                                "active": serializers.BooleanField(),
+                                "canary": serializers.BooleanField(),
+                                "loaded_workers": serializers.IntegerField(help_text="live children with it loaded"),
+                            },
+                        )
+                    ),
                 },
             )
         ),
@@ -321,6 +349,7 @@ _model_list = inline_serializer(
 def model_list(request: Request) -> Response:
     registry = get_registry()
     workers = _serving_workers()
+    listing = deployments.version_listing(registry, workers)
     models = []
     for name in registry.names():
         spec = registry.models[name]
@@ -338,6 +367,7 @@ def model_list(request: Request) -> Response:
                 "queue": spec.online_queue,
                 "served": bool(children),
                 "online_workers": len(children),
+                **listing[name],
             }
         )
     return Response({"default": registry.default, "models": models})

@@ -1,0 +1,92 @@
+"""Staff API over model versions: promote (and roll back), canary, and the deployment's state (issue 21).
+
+Thin: every change is inference/deployments.py's, the same functions the admin actions and
+`manage.py models` call. A promote answers 202: children load the version, and the switch happens when
+every live child has it (GET the deployment, or /api/v1/models, to watch it).
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.decorators import api_view, permission_classes
+from rest_framework.permissions import IsAdminUser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from inference import deployments
+from platform_.errors import ApiError
+
+_state = inline_serializer(
+    "Deployment",
+    fields={
+        "model": serializers.CharField(),
+        "active": serializers.CharField(),
+        "target": serializers.CharField(allow_null=True, help_text="promoted, loading; switched to when loaded"),
+        "previous": serializers.CharField(allow_null=True, help_text="what a rollback promotes"),
+        "canary": serializers.CharField(allow_null=True),
+        "canary_percent": serializers.FloatField(),
+        "canary_ready": serializers.BooleanField(help_text="every live child has the canary loaded"),
+        "changed_at": serializers.CharField(),
+        "changed_by": serializers.CharField(),
+    },
+)
+
+
+class PromoteSerializer(serializers.Serializer):
+    version = serializers.CharField(max_length=32)
+
+
+class CanarySerializer(serializers.Serializer):
+    version = serializers.CharField(max_length=32)
+    percent = serializers.FloatField(min_value=0.01, max_value=100)
+
+
+def _who(request: Request) -> str:
+    return request.user.get_username()
+
+
+def _answer(call, status: int = 200) -> Response:
+    try:
+        state = call()
+    except deployments.DeploymentError as error:
+        raise ApiError(error.status, error.code, str(error)) from None
+    return Response(deployments.state_body(state), status=status)
+
+
+@extend_schema(responses=_state, summary="A model's deployment: active, target, previous and canary versions (staff)")
+@api_view(["GET"])
+@permission_classes([IsAdminUser])
+def deployment(request: Request, name: str) -> Response:
+    return _answer(lambda: deployments.current(name))
+
+
+@extend_schema(
+    request=PromoteSerializer,
+    responses={202: _state},
+    summary="Promote a version (staff): load it beside the active one, then switch; promoting `previous` rolls back",
+)
+@api_view(["POST"])
+@permission_classes([IsAdminUser])
+def promote(request: Request, name: str) -> Response:
+    data = PromoteSerializer(data=request.data)
+    data.is_valid(raise_exception=True)
+    return _answer(lambda: deployments.promote(name, data.validated_data["version"], _who(request)), status=202)
+
+
+@extend_schema(
+    methods=["POST"],
+    request=CanarySerializer,
+    responses={202: _state},
+    summary="Give a version a sticky share of the model's callers (staff)",
+)
+@extend_schema(methods=["DELETE"], responses=_state, summary="End the model's canary (staff)")
+@api_view(["POST", "DELETE"])
+@permission_classes([IsAdminUser])
+def canary(request: Request, name: str) -> Response:
+    if request.method == "DELETE":
+        return _answer(lambda: deployments.clear_canary(name, _who(request)))
+    data = CanarySerializer(data=request.data)
+    data.is_valid(raise_exception=True)
+    values = data.validated_data
+    return _answer(lambda: deployments.set_canary(name, values["version"], values["percent"], _who(request)), 202)
