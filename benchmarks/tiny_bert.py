@@ -66,3 +66,9 @@ def build_tiny_qa(out_dir: Path) -> Path:
 def build_tiny_token_classifier(out_dir: Path) -> Path:
     """A token classifier with BIO tags for persons, organisations and places (ENTITY_LABELS)."""
     return _build(out_dir, "BertForTokenClassification", ENTITY_LABELS, seed=2)
+
+
+def build_tiny_cross_encoder(out_dir: Path) -> Path:
+    """A cross-encoder: a sequence classifier with one output (a relevance score per query and document),
+    the shape of ms-marco rerankers. Served by the rerank plugin (examples/plugins/rerank.py) in its tests."""
+    return _build(out_dir, "BertForSequenceClassification", ("relevance",), seed=3)

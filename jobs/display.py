@@ -15,6 +15,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from inference.core.registry import get_registry
+from inference.core.task_types import TaskType, TaskTypeError, get_task_type
 from jobs.ingest import in_task_order
 from jobs.models import Job, JobRow, JobStatus
 
@@ -76,15 +77,16 @@ class ScoreMeaning:
     help: str
 
 
-# A router's scores are cosine similarities (negative ones included): headed "Score" they read as probabilities.
-_SCORE_MEANINGS = {
-    "router": ScoreMeaning(
-        "Similarity", "cosine similarity between the text and the label's examples, from -1 to 1; not a probability"
-    ),
-    "text-classification": ScoreMeaning("Score", "the model's probability for the label, from 0 to 1"),
-    "question-answering": ScoreMeaning("Score", "the model's confidence in the answer (higher is surer)"),
-}
 _NO_SCORE_MEANING = ScoreMeaning("Score", "the model's score for the row")
+
+
+@dataclass(frozen=True)
+class Headings:
+    """The job page's row table headings for a task: its input column's and its answer column's."""
+
+    input: str = "Text"
+    answer: str = "Label"
+    answer_label: str = "Label"  # the answer cell's name where the table stacks on a narrow screen
 
 
 def task_of(model: str) -> str:
@@ -93,8 +95,27 @@ def task_of(model: str) -> str:
     return spec.task if spec else ""
 
 
+def _task_type(task: str) -> TaskType | None:
+    try:
+        return get_task_type(task) if task else None
+    except TaskTypeError:  # a task the models file no longer names
+        return None
+
+
 def score_meaning(task: str) -> ScoreMeaning:
-    return _SCORE_MEANINGS.get(task, _NO_SCORE_MEANING)
+    """What a row's score means for the task (its task type's `score_heading` and `score_help`)."""
+    task_type = _task_type(task)
+    return ScoreMeaning(task_type.score_heading, task_type.score_help) if task_type else _NO_SCORE_MEANING
+
+
+def headings(task: str) -> Headings:
+    """The row table's headings for the task (its task type's `input_heading` and `answer_heading`)."""
+    task_type = _task_type(task)
+    if task_type is None:
+        return Headings()
+    return Headings(
+        task_type.input_heading, task_type.answer_heading, task_type.answer_label or task_type.answer_heading
+    )
 
 
 def _output(row: JobRow) -> dict[str, Any]:

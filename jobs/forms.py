@@ -8,7 +8,7 @@ from django import forms
 
 from inference.core.registry import get_registry
 from inference.core.task_io import input_fields
-from jobs.ingest import COLUMN_FIELDS, IngestError, column_field, default_column
+from jobs.ingest import IngestError, column_field, column_fields, default_column
 from jobs.models import Priority
 
 # Upload field names as the API's messages write them (`question_column`): the page says its labels instead.
@@ -70,7 +70,13 @@ class UploadForm(forms.Form):
         registry = get_registry()
         self.fields["model"].choices = [(name, f"{name} ({registry.get(name).task})") for name in registry.names()]
         self.fields["model"].initial = registry.default
-        for name in COLUMN_FIELDS:
+        for name in column_fields():
+            if name not in self.fields:  # a plugin task's field (query_column, ...): declared by its task type
+                self.fields[name] = forms.CharField(
+                    required=False,
+                    max_length=255,
+                    help_text=f"the header of the {default_column(name)} column (default: {default_column(name)})",
+                )
             # What a blank field means, where the person sees it; the page's file check reads it from here too.
             self.fields[name].widget.attrs["placeholder"] = default_column(name)
 

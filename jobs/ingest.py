@@ -8,9 +8,10 @@ decoded in blocks and split into lines after decoding, so UTF-16 and UTF-32 file
 an undecodable byte is reported with its line and column. Errors that make the file unusable raise
 IngestError; an empty or oversized value fails only its row.
 
-Which columns are read follows the model's task (inference/core/task_io.py): one column per input field,
-named by the upload's `<field>_column` (`text_column` for text tasks; `question_column` and
-`context_column` for question-answering). `input_columns` turns those upload fields into the mapping.
+Which columns are read follows the model's task type (inference/core/task_types/): one column per input
+field, named by the upload's `<field>_column` (`text_column` for text tasks; `question_column` and
+`context_column` for question-answering; a plugin task's own fields likewise). `input_columns` turns those
+upload fields into the mapping, and the task type checks a row's cells.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from inference.core.task_io import INPUT_FIELDS, input_fields
+from inference.core.registry import task_types_in_use
+from inference.core.task_types import BUILTIN, TaskType, cell_error, get_task_type
 
 # Decoding happens a block at a time; checking the file's start therefore checks at least the first block's bytes.
 BLOCK_BYTES = 64 * 1024
@@ -96,10 +98,16 @@ def column_field(field: str) -> str:
     return f"{field}_column"
 
 
-# Every `<field>_column` an upload may carry, in a stable order: text_column, question_column, ...
+# Every `<field>_column` an upload for a built-in task may carry, in a stable order: text_column, question_column, ...
 COLUMN_FIELDS: tuple[str, ...] = tuple(
-    dict.fromkeys(column_field(field) for fields in INPUT_FIELDS.values() for field in fields)
+    dict.fromkeys(column_field(field) for task in BUILTIN for field in get_task_type(task).input_fields)
 )
+
+
+def column_fields() -> tuple[str, ...]:
+    """COLUMN_FIELDS and those of the plugin tasks the models file names (a rerank's query_column, ...)."""
+    fields = (column_field(field) for task_type in task_types_in_use() for field in task_type.input_fields)
+    return tuple(dict.fromkeys([*COLUMN_FIELDS, *fields]))
 
 
 def default_column(upload_field: str) -> str:
@@ -115,12 +123,13 @@ def input_columns(model: str, task: str, given: Mapping[str, str]) -> dict[str, 
     task does not read is refused rather than ignored: a client naming `text_column` for a
     question-answering model believes a column is read that is not.
     """
-    fields = input_fields(task)
+    fields = get_task_type(task).input_fields
     wanted = [column_field(field) for field in fields]
-    chosen = {name: (given.get(name) or "").strip() for name in COLUMN_FIELDS}
+    every = column_fields()
+    chosen = {name: (given.get(name) or "").strip() for name in every}
     for name in wanted:
         chosen[name] = chosen[name] or default_column(name)
-    extra = [name for name in COLUMN_FIELDS if chosen[name] and name not in wanted]
+    extra = [name for name in every if chosen[name] and name not in wanted]
     if extra:
         raise IngestError(
             f"model {shown(model)} (task {task}) reads {' and '.join(wanted)}, not {', '.join(extra)}; leave it out",
@@ -136,19 +145,20 @@ def in_task_order(fields: Iterable[str]) -> list[str]:
     be trusted to say which field comes first; the task's definition can.
     """
     given = list(fields)
-    for task_fields in INPUT_FIELDS.values():
-        if set(task_fields) == set(given):
-            return list(task_fields)
-    return sorted(given)
+    task_type = task_for_fields(given)
+    return list(task_type.input_fields) if task_type else sorted(given)
+
+
+def task_for_fields(fields: Iterable[str]) -> TaskType | None:
+    """The task type whose inputs have exactly these fields (tasks with the same fields read the same
+    columns and check cells alike); None when no task in use has them."""
+    wanted = set(fields)
+    return next((t for t in task_types_in_use() if set(t.input_fields) == wanted), None)
 
 
 def field_error(field: str, value: object, max_chars: int) -> str:
     """Why one input field's value cannot run ("" when it can); the message names the field."""
-    if not isinstance(value, str) or not value.strip():
-        return f"empty {field}"
-    if len(value) > max_chars:
-        return f"{field} too long: {len(value)} characters, the limit is {max_chars}"
-    return ""
+    return cell_error(field, value, max_chars)
 
 
 def row_error(text: str, max_text_chars: int) -> str:
@@ -160,11 +170,10 @@ def inputs_error(inputs: object, fields: tuple[str, ...], max_chars: int) -> str
     """Why a structured input cannot run ("" when it can): the first field that is empty or too long."""
     if not isinstance(inputs, dict):
         return f"no {' and '.join(fields)} stored for this row"
-    for field in fields:
-        error = field_error(field, inputs.get(field), max_chars)
-        if error:
-            return error
-    return ""
+    task_type = task_for_fields(fields)
+    if task_type is not None:
+        return task_type.cells_error(inputs, max_chars)
+    return next((e for field in fields if (e := field_error(field, inputs.get(field), max_chars))), "")
 
 
 def check_encoding(name: str) -> str:
@@ -312,11 +321,15 @@ def numbered_rows(
     """
     structured = fields != ["text"]
     keep_chars = limits.max_text_chars + 1  # one past the limit: a retried row fails the same check again
+    task_type = task_for_fields(fields) if structured else None
     index = 0
     for external_id, values in records:
         if index >= limits.max_rows:
             raise IngestError(f"the file has more than {limits.max_rows} data rows, the limit per job")
-        error = next((e for field in fields if (e := field_error(field, values[field], limits.max_text_chars))), "")
+        if task_type is not None:  # the task's own check of its cells (a JSON list of documents, ...)
+            error = task_type.cells_error(values, limits.max_text_chars)
+        else:
+            error = next((e for f in fields if (e := field_error(f, values[f], limits.max_text_chars))), "")
         values = {field: values[field][:keep_chars] for field in fields}
         if structured:
             # The first field (a question) is the row's readable text in lists, search and admin.

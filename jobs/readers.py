@@ -492,7 +492,9 @@ def _request_row(index: int, custom_id: str, body: dict, spec, endpoint: str, li
         # CSV and JSON lines cells.
         if takes_text(spec.task):
             return Row(index, custom_id, storable(inputs[0]), "")
-        values = {field: storable(inputs[0][field]) for field in input_fields(spec.task)}
+        # Stored as a file's cells would be (the task type writes a list of documents as JSON text).
+        cells = spec.task_type.cells_from_input(inputs[0])
+        values = {field: storable(cells[field]) for field in input_fields(spec.task)}
         return Row(index, custom_id, values[input_fields(spec.task)[0]], "", values)
     except ApiError as error:
         text = body.get("input") if endpoint == EMBEDDINGS_ENDPOINT else body.get("inputs")

@@ -32,6 +32,7 @@ from jobs.display import (
     ahead_texts,
     answer_html,
     duration_text,
+    headings,
     score_meaning,
     snippet_html,
     time_left_text,
@@ -192,6 +193,7 @@ def job_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "job": job,
         "task": spec.task if spec else "",
         "score": score_meaning(spec.task if spec else ""),
+        "headings": headings(spec.task if spec else ""),
         "rows": rows,
         "others": others,
         # Question-answering, entities and embeddings answer no label: the labels card would only count "(none)".

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -286,10 +287,8 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="session")
-def stack(
-    django_db_setup, django_db_blocker, redis_url, redis_client, models_file, tmp_path_factory
-) -> Iterator[Stack]:
+def make_test_users(django_db_blocker) -> tuple[str, str, str]:
+    """The live tests' users (tester, other, third; boss is staff): their API tokens."""
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
@@ -307,9 +306,24 @@ def stack(
         )
         staff.set_password(TESTER_PASSWORD)
         staff.save()
-        db_url = database_url()
+    return token, other_token, third_token
 
-    log_dir = tmp_path_factory.mktemp("logs")
+
+@contextmanager
+def running_stack(
+    *,
+    db_url: str,
+    redis_url: str,
+    models_file: Path,
+    log_dir: Path,
+    tokens: tuple[str, str, str],
+    offline_models: str,
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[Stack]:
+    """A web process, an online and an offline worker (one child each) on this models file and Redis,
+    stopped on exit. The session's `stack` is one; a test module may start its own (another models
+    file, a plugin on PYTHONPATH) on a Redis database of its own, so the two share no queue."""
+    token, other_token, third_token = tokens
     port = free_port()
     env = {
         **os.environ,
@@ -325,6 +339,7 @@ def stack(
         # A web pool smaller than the tests' bursts, so they show it bounds the connections.
         "WEB_DB_POOL_SIZE": "8",
         **JOBS_ENV,
+        **(extra_env or {}),
     }
     bin_dir = Path(sys.executable).parent
 
@@ -335,7 +350,7 @@ def stack(
         return _start(command, {**env, "WORKER_QUEUE": queue, **extra_env}, log_dir / f"{queue}.log")
 
     worker = celery_worker("online", 64, {})
-    offline = celery_worker("offline", 4, {"WORKER_MODELS": "router,sentiment,qa,entities,embedding"})
+    offline = celery_worker("offline", 4, {"WORKER_MODELS": offline_models})
     web = _start(
         [
             sys.executable,
@@ -358,7 +373,7 @@ def stack(
         token=token,
         other_token=other_token,
         third_token=third_token,
-        redis=redis_client,
+        redis=redis.Redis.from_url(redis_url, decode_responses=True),
         worker=worker,
         offline=offline,
         web=web,
@@ -378,10 +393,25 @@ def stack(
 
     try:
         wait_until(ready, 180, "the web process and an online worker", interval_s=0.5)
-    except Exception:
+        yield running
+    finally:
         for proc in (web, worker, offline):
             _stop(proc)
-        raise
-    yield running
-    for proc in (web, worker, offline):
-        _stop(proc)
+
+
+@pytest.fixture(scope="session")
+def stack(
+    django_db_setup, django_db_blocker, redis_url, redis_client, models_file, tmp_path_factory
+) -> Iterator[Stack]:
+    tokens = make_test_users(django_db_blocker)
+    with django_db_blocker.unblock():
+        db_url = database_url()
+    with running_stack(
+        db_url=db_url,
+        redis_url=redis_url,
+        models_file=models_file,
+        log_dir=tmp_path_factory.mktemp("logs"),
+        tokens=tokens,
+        offline_models="router,sentiment,qa,entities,embedding",
+    ) as running:
+        yield running

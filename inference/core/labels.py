@@ -1,8 +1,8 @@
 """The labels a served model can answer, read from its files without loading it (no torch).
 
 A router's labels are the keys of its routes file; a text-classification model's are its config's
-`id2label`, in id order. Other tasks (embedding, identity) answer no label: an empty list. Used by
-the admin review, where a reviewer picks a corrected label from the model's own labels.
+`id2label`, in id order (each task type's `labels` says which). Other tasks (embedding, identity) answer
+no label: an empty list. Used by the admin review, where a reviewer picks a corrected label from the model's own labels.
 """
 
 from __future__ import annotations
@@ -20,20 +20,23 @@ logger = logging.getLogger(__name__)
 
 
 def labels_for(model_name: str) -> list[str]:
-    """The model's labels in the order it scores them; [] for an unknown model or one without labels."""
+    """The model's labels in the order it scores them; [] for an unknown model or one without labels.
+
+    Which file holds them is the model's task type's to say (`TaskType.labels`)."""
     spec = get_registry().get(model_name)
     if spec is None:
         return []
     try:
-        if spec.task == "router":
-            return list(_read_labels(str(spec.resolved_routes()), "routes", _mtime_ns(spec.resolved_routes())))
-        if spec.task == "text-classification":
-            config = spec.resolved_path() / "config.json"
-            return list(_read_labels(str(config), "id2label", _mtime_ns(config)))
+        return list(spec.task_type.labels(spec))
     except (OSError, ValueError, RegistryError) as error:
         # A broken file is the worker's failure to report (it will not start); a review page still renders.
         logger.warning("labels of model %s unreadable: %s", model_name, error)
     return []
+
+
+def read_labels(path: Path, kind: str) -> list[str]:
+    """Labels from a routes file (`kind` "routes": its keys) or a config.json ("id2label": in id order)."""
+    return list(_read_labels(str(path), kind, _mtime_ns(path)))
 
 
 def _mtime_ns(path: Path | None) -> int:

@@ -11,25 +11,20 @@ from __future__ import annotations
 
 import re
 
-# Input fields per task; a task with the single field "text" takes plain strings.
-INPUT_FIELDS: dict[str, tuple[str, ...]] = {
-    "router": ("text",),
-    "embedding": ("text",),
-    "text-classification": ("text",),
-    "identity": ("text",),
-    "token-classification": ("text",),
-    "question-answering": ("question", "context"),
-}
+from inference.core.task_types import TaskType, get_task_type
+
+# Each task's input fields, schemas and checks are its descriptor's (inference/core/task_types/); these
+# two are the questions most callers ask of it.
 
 
 def input_fields(task: str) -> tuple[str, ...]:
     """The fields one input of `task` has; ("text",) means a plain string."""
-    return INPUT_FIELDS[task]
+    return get_task_type(task).input_fields
 
 
 def takes_text(task: str) -> bool:
     """Whether `task`'s inputs are plain strings (else objects with `input_fields(task)`)."""
-    return INPUT_FIELDS[task] == ("text",)
+    return get_task_type(task).takes_text
 
 
 # A sentence ends at . ! ? (or their full-width forms) followed by space, or at a line break; the
@@ -105,30 +100,22 @@ def span_windows(
 
 
 def input_chars(item: object) -> int:
-    """Characters in one input: a string's length, or the sum of an object's string fields (anything
-    else counts 0, so a log line about a malformed input never fails)."""
+    """Characters in one input: a string's length, or the sum of an object's string fields and lists of
+    strings (anything else counts 0, so a log line about a malformed input never fails)."""
     if isinstance(item, str):
         return len(item)
     if isinstance(item, dict):
-        return sum(len(value) for value in item.values() if isinstance(value, str))
+        return sum(input_chars(value) for value in item.values())
+    if isinstance(item, list):  # a list of strings (a rerank's documents)
+        return sum(len(value) for value in item if isinstance(value, str))
     return 0
 
 
-# OpenAPI 3.0 schemas of what each task takes and answers, as named components (inference/web/api/schema.py
-# puts them in the predict endpoint's description). Inputs' length limits are settings, so inputs are
-# built by `input_schemas(max_chars)`; outputs are fixed.
+# OpenAPI 3.0 schemas of what each task takes and answers are named components, each defined by its task
+# type's `schemas()` (inference/web/api/schema.py puts them in the predict endpoint's description). Inputs'
+# length limits are settings, so components are built for a `max_chars`.
 TEXT_SCHEMA = "Text"
 QUESTION_CONTEXT_SCHEMA = "QuestionContext"
-
-# Task -> (its input component, its output component).
-TASK_SCHEMAS: dict[str, tuple[str, str]] = {
-    "router": (TEXT_SCHEMA, "Classification"),
-    "text-classification": (TEXT_SCHEMA, "Classification"),
-    "embedding": (TEXT_SCHEMA, "Embedding"),
-    "identity": (TEXT_SCHEMA, "Identity"),
-    "token-classification": (TEXT_SCHEMA, "Entities"),
-    "question-answering": (QUESTION_CONTEXT_SCHEMA, "Answer"),
-}
 
 # What the models file's `qa` (sentence selection over MiniLM) answers to this question.
 QA_EXAMPLE_INPUT = {
@@ -140,98 +127,46 @@ QA_EXAMPLE_INPUT = {
 }
 QA_EXAMPLE_OUTPUT = {"answer": "Delivery takes 5 to 7 working days.", "start": 39, "end": 74, "score": 0.840174}
 
-# Each output schema requires fields no other one has, so an output matches exactly one (as `oneOf` asks).
-OUTPUT_SCHEMAS: dict[str, dict] = {
-    "Classification": {
-        "type": "object",
-        "properties": {
-            "label": {"type": "string", "description": "the best label"},
-            "score": {"type": "number", "description": "its score"},
-            "scores": {
-                "type": "object",
-                "additionalProperties": {"type": "number"},
-                "description": "every label's score",
-            },
-        },
-        "required": ["label", "score", "scores"],
-        "example": {"label": "billing", "score": 0.66, "scores": {"billing": 0.66, "shipping": 0.21}},
-    },
-    "Embedding": {
-        "type": "object",
-        "properties": {
-            "embedding": {"type": "array", "items": {"type": "number"}, "description": "L2-normalised vector"},
-            "dim": {"type": "integer", "description": "its length"},
-        },
-        "required": ["embedding", "dim"],
-    },
-    "Answer": {
-        "type": "object",
-        "properties": {
-            "answer": {"type": "string", "description": "the answer as written in the context"},
-            "start": {"type": "integer", "description": "its first character's offset in the context"},
-            "end": {
-                "type": "integer",
-                "description": "the offset after its last character: context[start:end] == answer",
-            },
-            "score": {"type": "number", "description": "the model's confidence"},
-        },
-        "required": ["answer", "start", "end", "score"],
-        "example": QA_EXAMPLE_OUTPUT,
-    },
-    "Entity": {
-        "type": "object",
-        "properties": {
-            "label": {"type": "string", "description": "the entity's type (PER, ORG, LOC, ...)"},
-            "text": {"type": "string", "description": "as written in the input: input[start:end]"},
-            "start": {"type": "integer"},
-            "end": {"type": "integer"},
-            "score": {"type": "number"},
-        },
-        "required": ["label", "text", "start", "end", "score"],
-    },
-    "Entities": {
-        "type": "object",
-        "properties": {
-            "entities": {"type": "array", "items": {"$ref": "#/components/schemas/Entity"}},
-            "truncated": {
-                "type": "boolean",
-                "description": "the text was cut at max_seq_length tokens: entities past that point were not looked for",
-            },
-        },
-        "required": ["entities", "truncated"],
-    },
-    "Identity": {
-        "type": "object",
-        "properties": {
-            "chars": {"type": "integer", "description": "the text's length in characters"},
-            "tokens": {"type": "integer", "description": "its tokens, as admission priced them"},
-        },
-        "required": ["chars", "tokens"],
-    },
-}
+
+def task_schemas(task_types: list[TaskType] | None = None) -> dict[str, tuple[str, str]]:
+    """Task -> (its input component, its output component), for the tasks in use."""
+    return {t.name: (t.input_schema, t.output_schema) for t in task_types or _in_use()}
 
 
-def input_schemas(max_chars: int) -> dict[str, dict]:
-    """The input components: a plain string, and the question-answering object (fields from INPUT_FIELDS)."""
-    field = {"type": "string", "minLength": 1, "maxLength": max_chars}
-    qa_fields = INPUT_FIELDS["question-answering"]
-    return {
-        TEXT_SCHEMA: {"type": "string", "maxLength": max_chars, "example": "I was charged twice this month"},
-        QUESTION_CONTEXT_SCHEMA: {
-            "type": "object",
-            "properties": {name: dict(field) for name in qa_fields},
-            "required": list(qa_fields),
-            "additionalProperties": False,
-            "example": QA_EXAMPLE_INPUT,
-        },
-    }
+def input_schemas(max_chars: int, task_types: list[TaskType] | None = None) -> dict[str, dict]:
+    """The input components: a plain string, and each structured task's object."""
+    components = {TEXT_SCHEMA: {"type": "string", "maxLength": max_chars, "example": "I was charged twice this month"}}
+    for task_type in task_types or _in_use():
+        if not task_type.takes_text:
+            components[task_type.input_schema] = task_type.schemas(max_chars)[task_type.input_schema]
+    return components
 
 
-def output_components() -> list[str]:
+def output_schemas(max_chars: int, task_types: list[TaskType] | None = None) -> dict[str, dict]:
+    """Every component the tasks define other than their inputs: outputs and their parts (Entity).
+
+    Each output schema requires fields no other one has, so an output matches exactly one (as `oneOf` asks)."""
+    found: dict[str, dict] = {}
+    types = task_types or _in_use()
+    inputs = {t.input_schema for t in types}
+    for task_type in types:
+        for name, schema in task_type.schemas(max_chars).items():
+            if name not in inputs:
+                found.setdefault(name, schema)
+    return found
+
+
+def output_components(task_types: list[TaskType] | None = None) -> list[str]:
     """The output components predict may answer, each once (Entity is a part of Entities, not an output)."""
-    return list(dict.fromkeys(output for _, output in TASK_SCHEMAS.values()))
+    return list(dict.fromkeys(output for _, output in task_schemas(task_types).values()))
 
 
-def tasks_with_schema(component: str) -> list[str]:
+def tasks_with_schema(component: str, task_types: list[TaskType] | None = None) -> list[str]:
     """The tasks that take or answer `component`, for its description."""
-    return [task for task, schemas in TASK_SCHEMAS.items() if component in schemas]
+    return [task for task, schemas in task_schemas(task_types).items() if component in schemas]
+
+
+def _in_use() -> list[TaskType]:
+    from inference.core.registry import task_types_in_use
+
+    return task_types_in_use()

@@ -7,7 +7,8 @@ included, in about a microsecond per short text. It is also where text the model
 take is found, so the request gets a 400 naming the text instead of failing in a worker beside
 other clients' requests.
 
-A question over a context (question-answering) costs what its handler runs: every sentence, or every
+A structured input is priced by its task type (inference/core/task_types/). A question over a context
+(question-answering) costs what its handler runs: every sentence, or every
 window of the whole context, so it is counted whole rather than on a prefix. Measured on this
 project's 2-core machine: ~3 ms (span) to ~5 ms (sentence) for a context of 10,000 characters.
 """
@@ -58,17 +59,19 @@ _CHARS_PER_TOKEN_BOUND = 8
 def token_counts(spec: ModelSpec, inputs: list[Any], stop_above: int | None = None) -> list[int]:
     """Tokens the model will run for each input: what admission prices a request by.
 
-    A text (text tasks) is one sequence, truncated to max_seq_length. A question over a context
-    (question-answering) is several: `qa_tokens` says which.
+    A text (text tasks) is one sequence, truncated to max_seq_length. A structured input (a question over
+    a context, a query and its documents) is what its task type's `input_tokens` says: for
+    question-answering, `qa_tokens`.
 
     With `stop_above`, counting stops once the total passes it (the request is too large to run
     anyway), and the counts returned cover only the inputs counted so far.
     """
-    if task_io.takes_text(spec.task):
+    task_type = spec.task_type
+    if task_type.takes_text:
         return _text_counts(spec, inputs, stop_above)
     counts: list[int] = []
-    for index, item in enumerate(inputs):  # each costs up to two fields of ONLINE_MAX_TEXT_CHARS
-        count = qa_tokens(spec, index, item["question"], item["context"])
+    for index, item in enumerate(inputs):  # each costs up to its fields' ONLINE_MAX_TEXT_CHARS
+        count = task_type.input_tokens(spec, index, item)
         # A request is sliced between dispatches text by text, but one input runs whole on one child:
         # an input over one pass's budget would hold that child (and the requests behind it) for many
         # passes. 10,000 characters of prose fit; 3,000 one-word sentences (13,000 tokens, 6 s) do not.
@@ -76,9 +79,9 @@ def token_counts(spec: ModelSpec, inputs: list[Any], stop_above: int | None = No
             raise ApiError(
                 400,
                 "invalid_input",
-                f"inputs[{index}] is {count} tokens for model {spec.name!r} (every sequence its question and "
-                f"context make); one input may be at most {spec.max_batch_tokens} tokens (the model's "
-                "max_batch_tokens, one forward pass): split the context",
+                f"inputs[{index}] is {count} tokens for model {spec.name!r} ({task_type.sequences_note}); "
+                f"one input may be at most {spec.max_batch_tokens} tokens (the model's max_batch_tokens, one "
+                f"forward pass): {task_type.split_hint}",
             )
         counts.append(count)
         if stop_above is not None and sum(counts) > stop_above:

@@ -9,17 +9,9 @@ from typing import Any
 
 from django.utils.http import parse_header_parameters
 
-from inference.core import task_io
+from inference.core.registry import RegistryError, get_registry
+from inference.core.task_types import _TYPE_NAMES, get_task_type, object_shape
 from platform_.errors import ApiError
-
-_TYPE_NAMES = {
-    dict: "an object",
-    list: "a list",
-    int: "a number",
-    float: "a number",
-    bool: "a boolean",
-    type(None): "null",
-}
 
 
 def _invalid(detail: str) -> ApiError:
@@ -81,16 +73,18 @@ def validate_inputs(
 ) -> list[Any]:
     """The inputs in `payload["inputs"]`, or a 400 that says what is wrong and where.
 
-    Each input has `task`'s shape (inference/core/task_io.py): a plain string for text tasks (and when
-    `task` is None), else an object with exactly the task's fields, each a non-empty string within
-    `max_chars`. `model` is named in the message when an input has the wrong shape.
+    Each input has `task`'s shape, checked by its task type (inference/core/task_types/): a plain string
+    for text tasks (and when `task` is None), else an object with exactly the task's fields (for
+    question-answering, each a non-empty string within `max_chars`). `model` is named in the message when
+    an input has the wrong shape, and its `options:` reach the task type's check.
     """
-    fields = ("text",) if task is None else task_io.input_fields(task)
-    text_task = fields == ("text",)
+    task_type = get_task_type(task or "identity")
+    fields = task_type.input_fields
+    text_task = task_type.takes_text
     # The texts' messages stay as they were; objects are called inputs.
-    noun, kind = ("texts", "strings") if text_task else ("inputs", "objects " + _object_shape(fields))
+    noun, kind = ("texts", "strings") if text_task else ("inputs", "objects " + object_shape(fields))
     if not isinstance(payload, dict):
-        example = '["text"]' if text_task else f"[{_object_shape(fields)}]"
+        example = '["text"]' if text_task else f"[{object_shape(fields)}]"
         raise _invalid(
             f'the body must be a JSON object like {{"inputs": {example}}}, got {_TYPE_NAMES.get(type(payload), "a string")}'
         )
@@ -103,51 +97,19 @@ def validate_inputs(
         raise _invalid(f"`inputs` is empty: send 1 to {max_inputs} {noun}")
     if len(inputs) > max_inputs:
         raise _invalid(f"`inputs` has {len(inputs)} {noun}; the limit is {max_inputs} per request")
+    options = _options_of(model) if not text_task else {}
     for index, item in enumerate(inputs):
-        if text_task:
-            if not isinstance(item, str):
-                raise _invalid(f"inputs[{index}] is {_TYPE_NAMES.get(type(item), 'not a string')}, not a string")
-            _check_text(item, f"inputs[{index}]", max_chars)
-        else:
-            _check_object(item, index, fields, max_chars, task, model)
+        task_type.check_input(item, index, max_chars, model, options)
     return inputs
 
 
-def _object_shape(fields: tuple[str, ...]) -> str:
-    """How an object input is written in messages: {"question": ..., "context": ...}."""
-    return "{" + ", ".join(f'"{name}": ...' for name in fields) + "}"
-
-
-def _check_object(item: Any, index: int, fields: tuple[str, ...], max_chars: int, task: str | None, model: str) -> None:
-    where = f"inputs[{index}]"
-    if not isinstance(item, dict):
-        got = _TYPE_NAMES.get(type(item), "a string")
-        raise _invalid(
-            f"{where} must be an object {_object_shape(fields)} for model {model!r} (task {task}), got {got}"
-        )
-    expected = ", ".join(fields)
-    for name in item:
-        if name not in fields:
-            shown = repr(name) if len(name) <= 40 else f"{name[:40]!r}... ({len(name)} characters)"
-            raise _invalid(f"{where} has unknown field {shown}; expected {expected}")
-    for name in fields:
-        if name not in item:
-            raise _invalid(f"{where} has no field {name!r}; expected {expected}")
-        value = item[name]
-        if not isinstance(value, str):
-            raise _invalid(f"{where}.{name} is {_TYPE_NAMES.get(type(value), 'not a string')}, not a string")
-        _check_text(value, f"{where}.{name}", max_chars)
-
-
-def _check_text(text: str, where: str, max_chars: int) -> None:
-    if not text.strip():
-        raise _invalid(f"{where} is empty")
-    if len(text) > max_chars:
-        raise _invalid(f"{where} is {len(text)} characters; the limit is {max_chars}")
+def _options_of(model: str) -> dict[str, Any]:
+    """The model's `options:` from the models file ({} for a model it does not list)."""
     try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800"): valid JSON, but not text
-        raise _invalid(f"{where} is not valid Unicode text: {exc.reason} at character {exc.start}") from None
+        spec = get_registry().get(model)
+    except (OSError, RegistryError):
+        return {}
+    return dict(spec.options) if spec is not None else {}
 
 
 def parse_deadline_ms(header: str | None, default_ms: int, max_ms: int | None = None) -> int:

@@ -20,7 +20,7 @@ from inference.core.registry import get_registry
 from jobs import export, lifecycle
 from jobs.api.serializers import JobCreateSerializer, JobSerializer, RowSerializer
 from jobs.api.throttles import JobCreateThrottle, ListThrottle, ResultsThrottle, RetryThrottle, throttled
-from jobs.ingest import COLUMN_FIELDS, IngestError
+from jobs.ingest import IngestError, column_fields
 from jobs.models import FileFormat, Job, Priority
 from jobs.permissions import Access, visible_jobs
 from jobs.quotas import QuotaExceeded
@@ -93,7 +93,7 @@ def create_from_upload(user, data: dict, upload, api_key_id: int | None = None) 
         upload=upload.open("rb"),
         filename=upload.name or "",
         text_column=data.get("text_column") or "",
-        columns={name: data.get(name) or "" for name in COLUMN_FIELDS if name != "text_column"},
+        columns={name: data.get(name) or "" for name in column_fields() if name != "text_column"},
         id_column=data.get("id_column") or "",
         encoding=data.get("encoding") or "utf-8",
         delimiter=delimiter,

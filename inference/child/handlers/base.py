@@ -31,6 +31,19 @@ _MODEL_CLASSES = {
     "question-answering": AutoModelForQuestionAnswering,
     "token-classifier": AutoModelForTokenClassification,
 }
+
+
+def model_class(kind: str) -> Any:
+    """The transformers class a handler's `kind` loads: a short name above, or any transformers class by
+    name (a plugin's handler sets `kind = "AutoModelForMaskedLM"` without changing this table)."""
+    import transformers
+
+    found = _MODEL_CLASSES.get(kind) or getattr(transformers, kind, None)
+    if found is None:
+        raise ValueError(f"unknown model kind {kind!r}: one of {', '.join(_MODEL_CLASSES)} or a transformers class")
+    return found
+
+
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -47,7 +60,7 @@ def load_pretrained(
     """Load weights once per process; a router and an embedding model over the same files, device and
     dtype share them."""
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = _MODEL_CLASSES[kind].from_pretrained(path, local_files_only=True, dtype=torch_dtype(dtype))
+    model = model_class(kind).from_pretrained(path, local_files_only=True, dtype=torch_dtype(dtype))
     model.eval().to(device)
     return tokenizer, model
 

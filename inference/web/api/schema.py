@@ -1,7 +1,8 @@
 """OpenAPI description of the predict endpoint, which is an async Django view that DRF cannot introspect.
 
-What each task takes and answers comes from inference/core/task_io.py (the one home of inputs' shapes): its
-input and output schemas become named components, and predict's inputs and outputs are `oneOf` them.
+What each task takes and answers comes from its task type (inference/core/task_types/, gathered by
+inference/core/task_io.py): built-in tasks and the plugins the models file names. Their input and output
+schemas become named components, and predict's inputs and outputs are `oneOf` them.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 from django.conf import settings
 
 from inference.core import task_io
+from inference.core.registry import task_types_in_use
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 
@@ -19,22 +21,24 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def _task_components(max_chars: int) -> dict[str, dict[str, Any]]:
-    """Each input and output schema of task_io, described with the tasks that take or give it."""
+def _task_components(max_chars: int, types: list) -> dict[str, dict[str, Any]]:
+    """Each task's input and output schema, described with the tasks that take or give it."""
     components: dict[str, dict[str, Any]] = {}
-    for name, schema in task_io.input_schemas(max_chars).items():
+    for name, schema in task_io.input_schemas(max_chars, types).items():
         shape = "a plain string" if name == task_io.TEXT_SCHEMA else "an object with exactly these fields"
-        tasks = ", ".join(task_io.tasks_with_schema(name))
+        tasks = ", ".join(task_io.tasks_with_schema(name, types))
         components[name] = {**schema, "description": f"An input of a model of task {tasks}: {shape}."}
-    for name, schema in task_io.OUTPUT_SCHEMAS.items():
-        tasks = ", ".join(task_io.tasks_with_schema(name))
-        where = f"The output of a model of task {tasks}." if tasks else "One item of Entities."
+    for name, schema in task_io.output_schemas(max_chars, types).items():
+        tasks = ", ".join(task_io.tasks_with_schema(name, types))
+        where = (
+            f"The output of a model of task {tasks}." if tasks else schema.get("description", "One item of Entities.")
+        )
         components[name] = {**schema, "description": where}
     return components
 
 
-def _tasks_table() -> str:
-    rows = [f"| `{task}` | {inputs} | {outputs} |" for task, (inputs, outputs) in task_io.TASK_SCHEMAS.items()]
+def _tasks_table(types: list) -> str:
+    rows = [f"| `{task}` | {inputs} | {outputs} |" for task, (inputs, outputs) in task_io.task_schemas(types).items()]
     return "\n".join(["| task | each input | each output |", "|---|---|---|", *rows])
 
 
@@ -50,7 +54,9 @@ def add_predict_endpoint(result: dict[str, Any], generator: Any, request: Any, p
         "properties": {"detail": {"type": "string"}, "code": {"type": "string"}},
         "required": ["detail", "code"],
     }
-    schemas.update(_task_components(settings.ONLINE_MAX_TEXT_CHARS))
+    types = task_types_in_use()
+    schemas.update(_task_components(settings.ONLINE_MAX_TEXT_CHARS, types))
+    input_components = list(task_io.input_schemas(settings.ONLINE_MAX_TEXT_CHARS, types))
     qa_example_output = {"model": "qa", "outputs": [task_io.QA_EXAMPLE_OUTPUT], "timing": {"total_ms": 31.2}}
     stages = ["admission_ms", "queue_wait_ms", "batch_wait_ms", "inference_ms", "postprocess_ms", "total_ms"]
     result.setdefault("paths", {})["/api/v1/models/{name}/predict"] = {
@@ -62,7 +68,7 @@ def add_predict_endpoint(result: dict[str, Any], generator: Any, request: Any, p
                 "Server-Timing (admission, queue_wait, batch_wait, inference, postprocess, total).\n\n"
                 "What each input is and what each output holds depends on the model's task (its `task` "
                 "and `input_fields` in GET /api/v1/models); an input of the wrong shape gets a 400 that "
-                "names it (`inputs[2] must be an object ...`, `inputs[0].context is empty`).\n\n" + _tasks_table()
+                "names it (`inputs[2] must be an object ...`, `inputs[0].context is empty`).\n\n" + _tasks_table(types)
             ),
             "tags": ["models"],
             "security": [{"tokenAuth": []}, {"cookieAuth": []}],
@@ -88,9 +94,7 @@ def add_predict_endpoint(result: dict[str, Any], generator: Any, request: Any, p
                                     "type": "array",
                                     "minItems": 1,
                                     "maxItems": settings.ONLINE_MAX_INPUTS,
-                                    "items": {
-                                        "oneOf": [_ref(task_io.TEXT_SCHEMA), _ref(task_io.QUESTION_CONTEXT_SCHEMA)]
-                                    },
+                                    "items": {"oneOf": [_ref(name) for name in input_components]},
                                 }
                             },
                         },
@@ -124,7 +128,7 @@ def add_predict_endpoint(result: dict[str, Any], generator: Any, request: Any, p
                                     "model": {"type": "string"},
                                     "outputs": {
                                         "type": "array",
-                                        "items": {"oneOf": [_ref(name) for name in task_io.output_components()]},
+                                        "items": {"oneOf": [_ref(name) for name in task_io.output_components(types)]},
                                     },
                                     "timing": {
                                         "type": "object",
@@ -161,4 +165,12 @@ def add_predict_endpoint(result: dict[str, Any], generator: Any, request: Any, p
             },
         }
     }
+    post = result["paths"]["/api/v1/models/{name}/predict"]["post"]
+    examples = post["requestBody"]["content"]["application/json"]["examples"]
+    for task_type in types:  # a structured plugin task's own example, after the built-ins'
+        if not task_type.takes_text and task_type.name not in examples and task_type.input_example() is not None:
+            examples[task_type.name] = {
+                "summary": f"An input of task {task_type.name}",
+                "value": {"inputs": [task_type.input_example()]},
+            }
     return result
