@@ -70,13 +70,20 @@ class UploadForm(forms.Form):
         registry = get_registry()
         self.fields["model"].choices = [(name, f"{name} ({registry.get(name).task})") for name in registry.names()]
         self.fields["model"].initial = registry.default
+        added = {
+            name: forms.CharField(
+                required=False,
+                max_length=255,
+                help_text=f"the header of the {default_column(name)} column (default: {default_column(name)})",
+            )
+            for name in column_fields()
+            if name not in self.fields  # a plugin task's field (query_column, ...): named by its task type's fields
+        }
+        if added:  # shown with the other column fields, before the ID column
+            fields = list(self.fields.items())
+            at = next(i for i, (name, _) in enumerate(fields) if name == "id_column")
+            self.fields = dict([*fields[:at], *added.items(), *fields[at:]])
         for name in column_fields():
-            if name not in self.fields:  # a plugin task's field (query_column, ...): declared by its task type
-                self.fields[name] = forms.CharField(
-                    required=False,
-                    max_length=255,
-                    help_text=f"the header of the {default_column(name)} column (default: {default_column(name)})",
-                )
             # What a blank field means, where the person sees it; the page's file check reads it from here too.
             self.fields[name].widget.attrs["placeholder"] = default_column(name)
 

@@ -198,6 +198,11 @@ def _versions_of(base: ModelSpec, others: object) -> dict[str, ModelSpec]:
         unknown = set(overrides) - known
         if unknown:
             raise RegistryError(f"model {base.name!r} version {version!r}: keys not allowed here {sorted(unknown)}")
+        # A version's options, handler and task keys are checked by the task type, as the entry's are.
+        if {"options", "handler", *base.task_type.model_keys} & set(overrides):
+            merged = {key: getattr(base, key) for key in base.task_type.model_keys}
+            merged.update({"task": base.task, "options": dict(base.options), "handler": base.handler, **overrides})
+            overrides = {**overrides, "options": _task_settings(f"{base.name} version {version}", merged)["options"]}
         found[version] = replace(base, version=version, **{"sha256": None, **overrides})
     return found
 

@@ -260,3 +260,20 @@ def test_a_csv_job_with_query_and_documents_columns_answers_every_row_and_export
         assert len(scores) == len(documents) and sorted(ranking) == list(range(len(documents)))
         assert row["label"] == str(ranking[0]) and row["best_document"] == documents[ranking[0]]
     assert table[12]["status"] == "failed" and "not a JSON array" in table[12]["error"]
+    # The job page heads its table by the task type, and the upload form asks for the plugin's columns.
+    session = rerank_stack.browser_login()
+    page = session.get(f"{rerank_stack.url}/jobs/{job_id}/", timeout=30).text
+    assert "<th>Query</th>" in page and "<th>Best document (its index)</th>" in page and ">Relevance</th>" in page
+    upload = session.get(f"{rerank_stack.url}/jobs/", timeout=30).text
+    assert 'name="query_column"' in upload and 'name="documents_column"' in upload
+
+
+def test_a_versions_options_are_checked_and_frozen_like_the_entrys():
+    entry = {"task": "rerank:RerankTask", "path": "x", "options": {"max_documents": 4}}
+    versions = registry_of({"r": {**entry, "versions": {"2": {"options": {"max_documents": 6}}}}}).versions_of("r")
+    assert versions["1"].option("max_documents") == 4 and versions["2"].option("max_documents") == 6
+    hash(versions["2"])
+    with pytest.raises(RegistryError, match="options.max_documents must be"):
+        registry_of({"r": {**entry, "versions": {"2": {"options": {"max_documents": -1}}}}})
+    with pytest.raises(RegistryError, match="a router needs a `routes:` file"):
+        registry_of({"m": {"task": "router", "path": "x", "routes": "r.yaml", "versions": {"2": {"routes": ""}}}})
