@@ -1,5 +1,5 @@
 """Per-version figures (issue 21, item 5) against the live stack: after requests to a model, /metrics and the
-dashboard's Versions table show that model's answering version with plausible counts and scores."""
+dashboard's Versions table show that model's answering version with plausible counts, errors and scores."""
 
 from __future__ import annotations
 
@@ -41,18 +41,25 @@ def test_metrics_and_the_dashboard_show_each_versions_requests_latency_and_score
         answers = list(pool.map(lambda i: stack.predict("router", [f"my parcel {i} is late"]), range(ROUTER_REQUESTS)))
     assert all(r.status_code == 200 and r.json()["model_version"] == version for r in answers)
     assert stack.predict("router", []).status_code == 400  # refused before a version was chosen
+    stack.pause_worker()  # admitted, then no answer within its deadline: a 504 of the version it was admitted to
+    try:
+        late = stack.predict("router", ["this one will be late"], **{"X-Deadline-Ms": "300"})
+    finally:
+        stack.resume_worker()
+    assert late.status_code == 504, late.text
     embedded = stack.predict("embedding", ["no score in an embedding"])
     assert embedded.status_code == 200, embedded.text
     embedding_version = embedded.json().get("model_version")
 
-    ok, refused = f"vreq|router|{version}|ok", "req|router|400"
+    ok, refused, late_ = f"vreq|router|{version}|ok", "req|router|400", f"vreq|router|{version}|504"
 
     def counted() -> dict[str, float] | None:
         now = totals(stack)
-        return now if delta(now, before, ok) >= ROUTER_REQUESTS + 1 and delta(now, before, refused) >= 1 else None
+        done = delta(now, before, ok) >= ROUTER_REQUESTS + 1 and delta(now, before, refused) >= 1
+        return now if done and delta(now, before, late_) >= 1 else None
 
     after = wait_until(counted, 10, "the web tier's per-version counters")
-    assert delta(after, before, ok) == ROUTER_REQUESTS + 1
+    assert delta(after, before, ok) == ROUTER_REQUESTS + 1 and delta(after, before, late_) == 1
     assert not any(k.startswith("vreq|router|") and k.endswith("|400") for k in after), "a 400 has no version"
     scored = sum(delta(after, before, k) for k in after if k.startswith(f"vscore|router|{version}|"))
     assert scored == ROUTER_REQUESTS + 1, "one score per router answer"
@@ -64,6 +71,7 @@ def test_metrics_and_the_dashboard_show_each_versions_requests_latency_and_score
 
     labels = {"model": "router", "version": version}
     assert value("inference_version_requests_total", outcome="ok", status="2xx", **labels) == after[ok]
+    assert value("inference_version_requests_total", outcome="504", status="504", **labels) == after[late_]
     assert value("inference_version_latency_seconds_count", **labels) >= ROUTER_REQUESTS
     assert value("inference_version_score_count", **labels) >= ROUTER_REQUESTS
     mean = value("inference_version_score_sum", **labels) / value("inference_version_score_count", **labels)
@@ -84,11 +92,12 @@ def test_metrics_and_the_dashboard_show_each_versions_requests_latency_and_score
     def router_row() -> dict | None:
         data = staff.get(f"{stack.url}/dashboard/data.json", timeout=10).json()
         rows = [r for r in data["versions"] if r["model"] == "router" and r["version"] == version]
-        return rows[0] if rows and rows[0]["requests"] >= ROUTER_REQUESTS else None
+        return rows[0] if rows and rows[0]["requests"] >= ROUTER_REQUESTS + 2 else None  # 13 answered, 1 late
 
     row = wait_until(router_row, 10, "router's version in the dashboard's Versions table")
     assert row["role"] == "active", "the test user's answers come from the active version (no canary here)"
-    assert row["errors"] == 0 and row["error_pct"] == 0.0
+    # The 504 above (and any other test's errors of the last minute on this shared stack).
+    assert row["errors"] >= 1 and row["error_pct"] == round(100 * row["errors"] / row["requests"], 2)
     assert 0 < row["p50_ms"] <= row["p99_ms"] < 10_000
     assert row["scored"] >= ROUTER_REQUESTS and sum(row["score_histogram"]) == row["scored"]
     assert len(row["score_histogram"]) == len(SCORE_BUCKETS) + 1 and -1.0 <= row["mean_score"] <= 1.0
