@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 
+from inference.core import versions
 from inference.core.backlog import queue_purge
 from inference.core.keys import DISPATCHERS_KEY, WORKERS_KEY, backlog_tokens_key, last_rate_key
 from inference.core.queues import online_queues, predicted_wait_s
@@ -122,14 +123,7 @@ def version_roles(client) -> dict[str, dict[str, str]]:
     """{model: {version: role}} for the dashboard's Versions table (issue 21): `active`, `canary` (taking its
     share of callers) and `target` (being loaded to replace the active one), from the deployments' mirror
     in Redis (inference/core/versions.py), or the models file's entry version as active where it has none.
-
-    Empty before versions exist in this checkout (no inference.core.versions): the table then lists the
-    versions seen in the metrics, unmarked.
     """
-    try:
-        from inference.core import versions
-    except ImportError:
-        return {}
     deployments = versions.deployments_from(client.hgetall(versions.DEPLOYMENTS_KEY), get_registry())
     roles: dict[str, dict[str, str]] = {}
     for model, deployment in deployments.items():

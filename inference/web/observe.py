@@ -70,12 +70,9 @@ def version_admitted() -> str | None:
 
 
 def known_versions(model: str) -> frozenset[str] | None:
-    """The versions the models file names for `model` (issue 21, item 3: `Registry.versions_of`), or None
-    where the registry has no versions (then any sane token is taken, up to the cap)."""
-    versions_of = getattr(get_registry(), "versions_of", None)
-    if versions_of is None:
-        return None
-    return frozenset(versions_of(model)) or None
+    """The versions the models file names for `model` (`Registry.versions_of`); None for a model it does
+    not name (then any sane token is taken, up to the cap)."""
+    return frozenset(get_registry().versions_of(model)) or None
 
 
 def version_label(

@@ -224,7 +224,7 @@ def test_dashboard_data_has_the_versions_of_the_last_minute(client, monkeypatch)
 
 
 def test_inference_marks_the_deployments_versions(client):
-    versions = pytest.importorskip("inference.core.versions", reason="the deployments (issue 21, item 4) are not here")
+    from inference.core import versions
     from inference.web.monitoring import version_roles
 
     assert version_roles(client)["router"] == {"1": "active"}, "no deployment row: the file's entry version"
