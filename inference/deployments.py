@@ -4,7 +4,8 @@
 The ModelDeployment row is the record of truth; every change here is written to it first, then to the
 Redis mirror (inference/core/versions.py) that the web tier and worker children read. A promote only
 names a target: children load it beside the active version (inference/child/versions.py), and when
-every live child serving the model reports it loaded, `advance` switches: active becomes the target
+every live online child serving the model reports it loaded (LoadedVersions.ready_for says why not
+the offline ones), `advance` switches: active becomes the target
 and the old active becomes `previous`, which a rollback promotes by the same path. The web tier stamps
 each request with the version it chose, so requests already given the old version finish on it; the
 old version is unloaded by each child once it has drained.
@@ -230,9 +231,9 @@ def advance(client: redis.Redis | None = None) -> list[str]:
     for name, state in pending.items():
         loaded = loaded_versions(workers, name)
         done += _fail_refused(state, loaded)
-        if state.target and loaded.on_all(state.target):
+        if state.target and loaded.ready_for(state.target):
             done.append(switch(name, state.target))
-        elif state.canary and not state.canary_ready and loaded.on_all(state.canary):
+        elif state.canary and not state.canary_ready and loaded.ready_for(state.canary):
             done.append(_canary_ready(name, state.canary))
     return [d for d in done if d]
 

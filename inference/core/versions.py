@@ -170,6 +170,17 @@ class LoadedVersions:
         children = self.online_children if online_only else self.children
         return bool(children) and children <= self.by_version.get(version, set())
 
+    def ready_for(self, version: str) -> bool:
+        """Whether a switch to `version` (or a canary of it) may happen: every live online child of the model
+        has it loaded; with no online child, every live child (an offline-only model).
+
+        Offline children load wanted versions too, but need not hold up a switch: no online request
+        reaches them, and a job runs on its pinned version, which its child loads when it lacks it. A
+        busy offline child (it runs at a low CPU priority) took minutes to load a version beside a
+        running job in the live test, where the online children took under one.
+        """
+        return self.on_all(version, online_only=bool(self.online_children))
+
     def loaded_online(self) -> list[str]:
         """Versions every live online child has loaded, which a pinned request may name."""
         return sorted(v for v in self.by_version if self.on_all(v, online_only=True))
