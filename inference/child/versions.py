@@ -29,9 +29,6 @@ from inference.core.versions import DEPLOYMENTS_KEY, DIGESTS_KEY, Deployment, ca
 from inference.core.workers import WorkerState
 
 logger = logging.getLogger(__name__)
-# A loading thread runs at this niceness (Linux sets it per thread), so the serving thread keeps its
-# cores while a new version is read and warmed beside it.
-_LOADER_NICE = 10
 
 
 class VersionRefused(RuntimeError):
@@ -104,10 +101,12 @@ class VersionKeeper:
         poll_s: float,
         drain_s: float,
         max_on_demand: int = 2,
+        load_nice: int = 0,
     ) -> None:
         self.client, self.registry, self.models, self.state = client, registry, models, state
         self.publish_beat = publish
         self.poll_s, self.drain_s, self.max_on_demand = poll_s, drain_s, max_on_demand
+        self.load_nice = load_nice
         self.errors: dict[str, dict] = dict(state.version_errors)
         self._seen_change: dict[str, float] = {}
         self._unwanted_since: dict[tuple[str, str], float] = {}
@@ -124,8 +123,9 @@ class VersionKeeper:
         self._stop.set()
 
     def _run(self) -> None:
+        # Linux sets a niceness per thread: the loads run at a lower CPU priority than the serving thread.
         try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _LOADER_NICE)
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.load_nice)
         except (AttributeError, OSError):
             pass  # not Linux, or not allowed: loads share the cores evenly
         while not self._stop.wait(self.poll_s):

@@ -57,6 +57,7 @@ def start() -> None:
         _heartbeat.beat,
         poll_s=settings.INFERENCE_VERSION_POLL_S,
         drain_s=settings.INFERENCE_VERSION_DRAIN_S,
+        load_nice=settings.INFERENCE_VERSION_LOAD_NICE,
     )
     versions.keeper.start()
     logger.info("worker child %s ready on %s with %s", state.worker_id, state.queue, state.versions)

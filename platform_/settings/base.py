@@ -273,6 +273,9 @@ INFERENCE_VERSION_DRAIN_S = env.float("INFERENCE_VERSION_DRAIN_S", default=ONLIN
 # INFERENCE_DEPLOYMENT_CACHE_MS: how long a web process reuses its read of the deployment mirror (a
 # stale read within it still finds its version loaded: the old one drains for INFERENCE_VERSION_DRAIN_S).
 INFERENCE_DEPLOYMENT_CACHE_MS = env.int("INFERENCE_DEPLOYMENT_CACHE_MS", default=200)
+# INFERENCE_VERSION_LOAD_NICE: the niceness of a child's thread loading a version beside the serving one
+# (0 to 19; higher: serving keeps more of the CPU, the load and so the swap take longer).
+INFERENCE_VERSION_LOAD_NICE = env.int("INFERENCE_VERSION_LOAD_NICE", default=10)
 # ONLINE_MAX_BACKLOG_TOKENS: tokens queued plus in flight per model, across all web processes. Admission
 # prices requests in tokens (inference/core/tokens.py), so one request of 64 long texts weighs what it costs.
 ONLINE_MAX_BACKLOG_TOKENS = env.int("ONLINE_MAX_BACKLOG_TOKENS", default=65_536)

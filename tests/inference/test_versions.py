@@ -262,3 +262,49 @@ def test_the_keeper_refuses_a_version_whose_files_changed_and_keeps_serving(clie
     assert state.version_errors["router@2"]["changed_at"] == 5
     with pytest.raises(runtime.VersionNotLoaded, match="loaded: \\['1'\\]"):
         runtime.handler_for("router", "2")
+
+
+def test_an_offline_child_loads_a_jobs_version_on_demand_and_keeps_at_most_two_extra(client, fake_loads, monkeypatch):
+    raw = {"task": "embedding", "path": "a", "versions": {v: {"path": v} for v in ("2", "3", "4")}}
+    registry = parse_registry({"models": {"router": raw}}, **DEFAULTS)
+    monkeypatch.setattr(child_versions, "cached_checksum", lambda spec: f"digest-{spec.version}")
+    keeper, state, _ = keeper_for(client, registry)
+    keeper.step(now=0.0)
+    for version in ("2", "3", "4"):
+        keeper.ensure("router", version)
+        runtime._last_used[("router", version)] = time.monotonic()
+    # The active version stays; of the others, the least recently used went first.
+    assert state.versions == {"router": ["1", "3", "4"]}
+    with pytest.raises(child_versions.VersionRefused, match="no version '9'"):
+        keeper.ensure("router", "9")
+
+
+# ---- jobs: pinned at creation, moved by staff ----------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_job_pins_the_active_version_and_staff_may_move_it(client, two_versions, monkeypatch):
+    from inference import deployments
+    from jobs import versions as job_versions
+    from jobs.models import Job, JobStatus
+    from tests.jobs.factories import user
+
+    monkeypatch.setattr(job_versions, "get_registry", lambda: two_versions)
+    owner = user("pinner")
+    before = Job.objects.create(owner=owner, model="router", status=JobStatus.QUEUED)
+    assert before.model_version == "1"
+    beat(client, "a", ["1", "2"])
+    deployments.promote("router", "2", by="ops")
+    deployments.advance(client)
+    after = Job.objects.create(owner=owner, model="router", status=JobStatus.QUEUED)
+    pinned = Job.objects.create(owner=owner, model="router", model_version="1", status=JobStatus.QUEUED)
+    before.refresh_from_db()
+    assert (before.model_version, after.model_version, pinned.model_version) == ("1", "2", "1")
+    assert job_versions.model_and_version("router@1") == ("router", "1")
+    with pytest.raises(job_versions.UnknownVersion, match="no version '9'"):
+        job_versions.model_and_version("router@9")
+    done = Job.objects.create(owner=owner, model="router", model_version="1", status=JobStatus.SUCCEEDED)
+    assert job_versions.move([before, done]) == 1, "a finished job keeps the version it ran on"
+    before.refresh_from_db()
+    done.refresh_from_db()
+    assert (before.model_version, done.model_version) == ("2", "1")
