@@ -119,13 +119,17 @@ def version_roles(client) -> dict[str, dict[str, str]]:
 
 
 def version_rows(window: metrics.Window, roles: Mapping[str, Mapping[str, str]]) -> list[dict[str, Any]]:
-    """The Versions table: each (model, version) with figures in the window, and each version a role names
-    even without traffic yet; per row its requests, error %, P50/P99 of the total latency, mean score and
-    the score histogram (counts per metrics.SCORE_BUCKETS bucket, the last one above 1.0)."""
+    """The Versions table: each (model, version) with figures in the window, and beside them the versions
+    the deployment names for that model even without traffic yet (a canary no caller reached); a model with
+    no traffic is listed only while it has more than an active version (a canary, a promotion loading).
+    Per row: requests, error %, P50/P99 of the total latency, mean score and the score histogram (counts per
+    metrics.SCORE_BUCKETS bucket, the last one above 1.0)."""
     figures = {(f.model, f.version): f for f in window.versions()}
+    busy = {model for model, _ in figures}
     for model, by_version in roles.items():
-        for version in by_version:
-            figures.setdefault((model, version), metrics.VersionFigures(model, version))
+        if model in busy or set(by_version.values()) - {"active"}:
+            for version in by_version:
+                figures.setdefault((model, version), metrics.VersionFigures(model, version))
     rows = []
     for (model, version), f in sorted(figures.items()):
         rows.append(

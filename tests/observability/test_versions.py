@@ -179,10 +179,17 @@ def test_version_rows_compare_a_canary_with_the_active_version():
 
 
 def test_a_version_the_deployment_names_is_listed_before_its_first_request():
-    rows = version_rows(metrics.Window(seconds=60), {"router": {"1": "active", "3": "canary"}})
-    assert [(r["version"], r["role"], r["requests"], r["error_pct"], r["p50_ms"]) for r in rows] == [
-        ("1", "active", 0, None, None),
-        ("3", "canary", 0, None, None),
+    roles = {"router": {"1": "active", "3": "canary"}, "embedding": {"1": "active"}, "qa": {"1": "active"}}
+    window = metrics.Window(seconds=60, counters=counters_of([("qa", "1", "ok", 20.0, [0.8])]))
+    rows = [
+        (r["model"], r["version"], r["role"], r["requests"], r["error_pct"], r["p50_ms"])
+        for r in version_rows(window, roles)
+    ]
+    # A model without traffic and without a canary (embedding) is not listed: no row of zeros per model.
+    assert rows == [
+        ("qa", "1", "active", 1, 0.0, rows[0][5]),
+        ("router", "1", "active", 0, None, None),
+        ("router", "3", "canary", 0, None, None),
     ]
 
 
