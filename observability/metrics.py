@@ -99,10 +99,16 @@ def version_fields(
     if total_ms is not None:
         fields[f"vlat|{model}|{version}|{latency_bucket(total_ms / 1000)}"] = 1
         fields[f"vlatsum|{model}|{version}"] = total_ms / 1000
-    for score in scores:
-        name = f"vscore|{model}|{version}|{score_bucket(score)}"
-        fields[name] = fields.get(name, 0) + 1
-        fields[f"vscoresum|{model}|{version}"] = fields.get(f"vscoresum|{model}|{version}", 0.0) + float(score)
+    counts = [0] * (len(SCORE_BUCKETS) + 1)
+    total = 0.0
+    for score in scores:  # counted per bucket first: one field name per bucket used, not one per score
+        counts[bisect.bisect_left(SCORE_BUCKETS, score)] += 1
+        total += score
+    if any(counts):
+        for index, count in enumerate(counts):
+            if count:
+                fields[f"vscore|{model}|{version}|{index}"] = count
+        fields[f"vscoresum|{model}|{version}"] = float(total)
     return fields
 
 
