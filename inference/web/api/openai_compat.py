@@ -32,6 +32,8 @@ from django.views.decorators.csrf import csrf_exempt
 from accounts import quotas, usage
 from accounts.credentials import EMBEDDINGS
 from inference.core.registry import ModelSpec, Registry, get_registry
+from inference.core.versions import split_pin
+from inference.web import versions
 from inference.web.api.auth import authenticate
 from inference.web.api.views import (
     call_model,
@@ -282,6 +284,11 @@ async def _embeddings(request: HttpRequest, request_id: str, started_at: float, 
     caller.require(EMBEDDINGS)
     await quotas.admit(caller.limits)
     payload = await read_json(request)
+    pinned = None
+    if isinstance(payload, dict) and isinstance(payload.get("model"), str):
+        # `embedding@2`: that version, where it is loaded (as predict's model@version).
+        name, pinned = split_pin(payload["model"])
+        payload = {**payload, "model": name}
     checked = parse_embeddings_request(
         payload, get_registry(), max_inputs=settings.ONLINE_MAX_INPUTS, max_chars=settings.ONLINE_MAX_TEXT_CHARS
     )
@@ -289,6 +296,8 @@ async def _embeddings(request: HttpRequest, request_id: str, started_at: float, 
     seen["model"], seen["texts"] = checked.spec.name, checked.texts
     deadline_ms = deadline_ms_of(request)
     try:
+        if pinned is not None:
+            await versions.check_pin(checked.spec, pinned)
         result = await call_model(
             checked.spec,
             checked.texts,
@@ -297,6 +306,7 @@ async def _embeddings(request: HttpRequest, request_id: str, started_at: float, 
             started_at,
             client=str(caller.user.pk),
             caller_key=client_key(request.headers),
+            version=pinned,
         )
     except ApiError as error:
         # The tokenizer's 400 names a text (inputs[i]); refusals and failures name no field.
