@@ -27,7 +27,7 @@ from tests.conftest import ROOT, Stack, database_url, make_test_users, running_s
 
 PLUGINS = ROOT / "examples" / "plugins"
 # A Redis database no other module's stack or fixture uses: this stack's queues and heartbeats are its own.
-REDIS_DB = 11
+REDIS_DB = 2
 DEFAULTS = {"device": "cpu", "torch_threads": 1, "max_backlog": 16}
 LIMITS = {"max_batch_size": 32, "max_batch_tokens": 4096, "max_seq_length": 64}
 QUERY = "how long does delivery take"
@@ -163,6 +163,7 @@ def rerank_stack(django_db_setup, django_db_blocker, redis_url, tmp_path_factory
     redis.Redis.from_url(own_redis).flushdb()
 
 
+@pytest.mark.integration
 def test_online_predict_scores_every_document_in_input_order_and_ranks_them(rerank_stack):
     inputs = [{"query": QUERY, "documents": DOCUMENTS}, {"query": "refund", "documents": ["one document"]}]
     answer = rerank_stack.predict("reranker", inputs)
@@ -178,13 +179,15 @@ def test_online_predict_scores_every_document_in_input_order_and_ranks_them(rera
     assert again["scores"] == pytest.approx(first["scores"][::-1], abs=1e-4)
 
 
-def test_the_models_list_and_schema_describe_the_plugin_task(rerank_stack):
+@pytest.mark.integration
+def test_the_models_list_gives_the_plugin_task_and_its_input_fields(rerank_stack):
     models = requests.get(f"{rerank_stack.url}/api/v1/models", headers=rerank_stack.headers(), timeout=10).json()
     listed = models["models"] if isinstance(models, dict) else models
     reranker = next(m for m in listed if m["name"] == "reranker")
     assert reranker["task"] == "rerank" and reranker["input_fields"] == ["query", "documents"]
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("item", "message"),
     [
@@ -217,6 +220,7 @@ def _csv(rows: list[tuple[str, list[str] | str]]) -> bytes:
     return out.getvalue().encode()
 
 
+@pytest.mark.integration
 def test_a_csv_job_with_query_and_documents_columns_answers_every_row_and_exports_the_rerank_columns(rerank_stack):
     rows = [(f"{QUERY} {n}", DOCUMENTS[: 1 + n % 3]) for n in range(12)] + [("a query", "not json")]
     created = requests.post(
