@@ -34,6 +34,8 @@ from inference.core.registry import resolve_path
 from inference.core.versions import DEPLOYMENTS_KEY, Deployment, sticky_bucket
 from tests.conftest import JOBS_ENV, MINILM, ROOT, _start, _stop, database_url, free_port, start_redis, wait_until
 
+pytestmark = pytest.mark.integration
+
 HEARTBEAT_S = 1.0
 DEADLINE_MS = 5000
 CLIENTS = 16
