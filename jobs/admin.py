@@ -117,6 +117,8 @@ class JobAdmin(admin.ModelAdmin):
                 "fields": [
                     "filename",
                     "model",
+                    # Pinned when the job was created (issue 21); the "Move ... to model version" actions change it.
+                    "model_version",
                     "owner",
                     "priority",
                     "status",

@@ -308,3 +308,26 @@ def test_a_job_pins_the_active_version_and_staff_may_move_it(client, two_version
     before.refresh_from_db()
     done.refresh_from_db()
     assert (before.model_version, done.model_version) == ("2", "1")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_staff_move_unfinished_jobs_to_a_version_from_the_admin(client, two_versions, monkeypatch):
+    from django.test import Client
+
+    from jobs import admin as jobs_admin
+    from jobs import versions as job_versions
+    from jobs.models import Job, JobStatus
+    from tests.jobs.factories import user
+
+    monkeypatch.setattr(job_versions, "get_registry", lambda: two_versions)
+    monkeypatch.setattr(jobs_admin, "get_registry", lambda: two_versions)
+    staff = user("mover", staff=True)
+    job = Job.objects.create(owner=staff, model="router", status=JobStatus.RUNNING)
+    browser = Client()
+    browser.force_login(staff)
+    answer = browser.post(
+        "/admin/jobs/job/", {"action": "move_to_version_2", "_selected_action": [job.pk]}, follow=True
+    )
+    assert answer.status_code == 200 and "1 job(s) moved to model version 2" in answer.content.decode()
+    job.refresh_from_db()
+    assert job.model_version == "2"
