@@ -93,7 +93,7 @@ class ModelVersionAdmin(admin.ModelAdmin):
                 "promoted",
             )
 
-    @admin.action(description="Give the selected version a 10% canary of its model's callers")
+    @admin.action(description="Give the selected version a 10%% canary of its model's callers")
     def canary_10(self, request: HttpRequest, queryset) -> None:
         for row in queryset:
             change = lambda row=row: deployments.set_canary(row.model, row.version, 10.0, request.user.username)  # noqa: E731

@@ -331,3 +331,24 @@ def test_staff_move_unfinished_jobs_to_a_version_from_the_admin(client, two_vers
     assert answer.status_code == 200 and "1 job(s) moved to model version 2" in answer.content.decode()
     job.refresh_from_db()
     assert job.model_version == "2"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_staff_promote_from_the_admin(client, two_versions):
+    from django.test import Client
+
+    from inference.models import ModelVersion
+    from tests.jobs.factories import user
+
+    browser = Client()
+    browser.force_login(user("operator", staff=True))
+    assert browser.get("/admin/inference/modelversion/").status_code == 200  # lists the file's versions
+    two = ModelVersion.objects.get(model="router", version="2")
+    answer = browser.post(
+        "/admin/inference/modelversion/", {"action": "promote", "_selected_action": [two.pk]}, follow=True
+    )
+    shown = [str(m) for m in answer.context["messages"]]
+    assert "promoted: router active 1, target 2" in shown, shown
+    assert mirrored(client).target == "2"
+    # Its action list renders (a bare % in an action's description would break the page).
+    assert "10% canary" in browser.get("/admin/inference/modelversion/").content.decode()
