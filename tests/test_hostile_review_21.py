@@ -1,0 +1,246 @@
+"""Regression tests for bugs a hostile review of issue 21 (model versions, canaries, task plugins) confirmed.
+
+Each is xfail(strict=True) while the bug stands: fixing it turns the test into an XPASS failure, and the
+marker should then go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import pytest
+
+from inference.core.versions import DEPLOYMENTS_KEY, Deployment
+from tests.conftest import ROOT, own_redis_database
+from tests.inference.test_versions import beat, fake_loads, keeper_for, mirrored, registry_of  # noqa: F401
+
+DB = 4  # this module's own Redis database
+PLUGINS = ROOT / "examples" / "plugins"
+
+
+@pytest.fixture
+def client(settings, redis_url, monkeypatch):
+    yield from own_redis_database(settings, redis_url, monkeypatch, DB)
+
+
+@pytest.fixture
+def two_versions(monkeypatch):
+    from inference import deployments
+
+    registry = registry_of()
+    monkeypatch.setattr(deployments, "get_registry", lambda: registry)
+    return registry
+
+
+def staff_api(name: str):
+    from rest_framework.test import APIClient
+
+    from tests.jobs.factories import user
+
+    api = APIClient(raise_request_exception=False)
+    api.force_authenticate(user(name, staff=True))
+    return api
+
+
+# ---- the staff deployment API -------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="inference/web/api/deployments.py raises platform_.errors.ApiError from DRF views; DRF's exception "
+    "handler does not know it, so every DeploymentError (404 unknown model/version, 409 already_active) is a 500",
+)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status"),
+    [
+        ("post", "/api/v1/models/nope/promote", {"version": "1"}, 404),
+        ("post", "/api/v1/models/router/promote", {"version": "9"}, 404),
+        ("post", "/api/v1/models/router@2/promote", {"version": "2"}, 404),
+        ("post", "/api/v1/models/router/canary", {"version": "1", "percent": 5}, 409),
+        ("delete", "/api/v1/models/nope/canary", None, 404),
+        ("get", "/api/v1/models/nope/deployment", None, 404),
+    ],
+)
+def test_the_staff_apis_documented_refusals_are_4xx_not_500(client, two_versions, method, path, body, status):
+    api = staff_api("ops-refusals")
+    answer = getattr(api, method)(path, body, format="json") if body is not None else getattr(api, method)(path)
+    assert answer.status_code == status, answer.content
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="deployment/promote/canary use permission_classes([IsAdminUser]) (dropping KeyScopes) and "
+    "accounts/scopes.needed_scope has no entry for them: any API key of a staff user, whatever its scopes "
+    "and model allow-list, may promote or canary any model",
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_staff_users_narrow_api_key_cannot_promote(client, two_versions):
+    from rest_framework.test import APIClient
+
+    from accounts.models import ApiKey
+    from tests.jobs.factories import user
+
+    staff = user("ops-staff", staff=True)
+    _, raw = ApiKey.issue(staff, "read jobs only", ["jobs:read"], models_allowed=["embedding"])
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"Bearer {raw}")
+    answer = api.post("/api/v1/models/router/promote", {"version": "2"}, format="json")
+    assert answer.status_code == 403, (answer.status_code, answer.content)
+
+
+# ---- the Redis mirror -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="deployments.advance re-mirrors only models missing from the hash: a mirror write lost after the "
+    "commit (a Redis blip, or two commits' on_commit callbacks in the other order) leaves it stale for good",
+)
+@pytest.mark.django_db(transaction=True)
+def test_advance_repairs_a_stale_mirror(client, two_versions):
+    from inference import deployments
+
+    beat(client, "a", ["1", "2"])
+    deployments.promote("router", "2", by="ops")
+    client.hset(DEPLOYMENTS_KEY, "router", Deployment(model="router", active="1").as_json())  # the lost write
+    for _ in range(3):
+        deployments.advance(client)
+    assert deployments.current("router").target == "2"  # the record of truth: a promote pending
+    assert mirrored(client).active == "2" or mirrored(client).target == "2", "the mirror was never repaired"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="deployments._save mirrors in transaction.on_commit without robust=True: a Redis error after the "
+    "row is committed is a 500, and (with the test above) the promote is recorded but never happens",
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_redis_blip_after_the_commit_is_not_a_500(client, two_versions, monkeypatch):
+    import redis
+
+    from inference import deployments
+
+    def down(state, client=None):
+        raise redis.ConnectionError("blip")
+
+    monkeypatch.setattr(deployments, "mirror", down)
+    answer = staff_api("ops-blip").post("/api/v1/models/router/promote", {"version": "2"}, format="json")
+    assert answer.status_code != 500, answer.content
+
+
+# ---- online requests to a version other than the models file's entry ------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="online.predict prices (and views validate) with registry.get(name), the entry's spec, before and "
+    "regardless of the version chosen: a pinned, canary or promoted version's own tokenizer, max_seq_length, "
+    "max_batch_tokens and options are ignored by admission",
+)
+def test_a_request_to_another_version_is_priced_by_that_versions_own_limits(monkeypatch):
+    from inference.core.registry import parse_registry
+    from inference.web import online
+
+    entry = {
+        "task": "embedding",
+        "path": "a",
+        "max_seq_length": 32,
+        "versions": {"2": {"path": "b", "max_seq_length": 256}},
+    }
+    registry = parse_registry({"models": {"m": entry}}, device="cpu", torch_threads=1, max_backlog=100)
+    seen = {}
+
+    class Admission:
+        async def capacity(self, model):
+            return 0, 1000.0
+
+        def alone_fits(self, rate, seconds):
+            return 10**9
+
+    def counts(spec, texts, stop_above=None):
+        seen["spec"] = spec
+        raise RuntimeError("priced")
+
+    monkeypatch.setattr(online, "get_admission", lambda: Admission())
+    monkeypatch.setattr(online, "token_counts", counts)
+    with pytest.raises(RuntimeError, match="priced"):
+        asyncio.run(online.predict(registry.get("m"), ["x"], 2000, "r", time.time(), client="1", version="2"))
+    assert seen["spec"].max_seq_length == 256, "a call pinned to version 2 is priced with version 1's limits"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="child/versions._unload_drained drains from max(unwanted_since, last_used), and web/versions.check_pin "
+    "accepts any version every online child has loaded: one tenant pinning a replaced version more often than "
+    "INFERENCE_VERSION_DRAIN_S keeps it resident on every online child indefinitely",
+)
+def test_pinned_calls_to_a_replaced_version_do_not_keep_it_loaded_forever(client, fake_loads, monkeypatch):  # noqa: F811
+    from inference.child import runtime
+    from inference.child import versions as child_versions
+
+    registry = registry_of()
+    monkeypatch.setattr(child_versions, "cached_checksum", lambda spec: f"digest-{spec.version}")
+    keeper, state, _ = keeper_for(client, registry, drain_s=10)
+    keeper.step(now=0.0)
+    client.hset(DEPLOYMENTS_KEY, "router", Deployment(model="router", active="1", target="2", changed_at=1).as_json())
+    keeper.step(now=1.0)
+    client.hset(DEPLOYMENTS_KEY, "router", Deployment(model="router", active="2", previous="1", changed_at=2).as_json())
+    for now in range(2, 300, 5):  # one tenant's `router@1` call every 5 s
+        runtime._last_used[("router", "1")] = float(now)
+        keeper.step(now=float(now))
+    assert state.versions == {"router": ["2"]}, "a replaced version stays loaded as long as any tenant pins it"
+
+
+# ---- the rerank plugin's documents cell ---------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="examples/plugins/rerank.py cells_error catches ValueError only: json.loads of a deeply nested "
+    "cell raises RecursionError",
+)
+def test_a_deeply_nested_documents_cell_is_a_row_error_not_a_crash():
+    sys.path.insert(0, str(PLUGINS))
+    try:
+        from inference.core.task_types import get_task_type
+
+        task = get_task_type("rerank:RerankTask")
+        cell = "[" * 5000 + "]" * 5000
+        assert task.cells_error({"query": "q", "documents": cell}, 20_000)
+    finally:
+        sys.path.remove(str(PLUGINS))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the RecursionError of rerank's cells_error escapes the upload's preflight (jobs/ingest.read_start): "
+    "a 3 KB CSV cell answers a 500",
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_csv_upload_with_a_deeply_nested_documents_cell_is_not_a_500(client, settings, tmp_path):
+    import yaml
+    from django.core.files.uploadedfile import SimpleUploadedFile
+    from rest_framework.test import APIClient
+
+    from inference.core.registry import get_registry
+    from tests.jobs.factories import user
+
+    sys.path.insert(0, str(PLUGINS))
+    entry = {"task": "rerank:RerankTask", "path": "x"}
+    (tmp_path / "models.yaml").write_text(yaml.safe_dump({"default": "reranker", "models": {"reranker": entry}}))
+    settings.INFERENCE_MODELS_FILE = str(tmp_path / "models.yaml")
+    get_registry.cache_clear()
+    try:
+        api = APIClient(raise_request_exception=False)
+        api.force_authenticate(user("tenant"))
+        cell = "[" * 3000 + "]" * 3000
+        body = f'query,documents\nq,"{cell}"\n'.encode()
+        upload = SimpleUploadedFile("r.csv", body, "text/csv")
+        answer = api.post("/api/v1/jobs", {"model": "reranker", "file": upload}, format="multipart")
+    finally:
+        get_registry.cache_clear()
+        sys.path.remove(str(PLUGINS))
+    assert answer.status_code != 500, answer.content
