@@ -139,8 +139,9 @@ def _save(row: ModelDeployment, by: str) -> Deployment:
     row.changed_at, row.changed_by = timezone.now(), by[:150]
     row.save()
     state = as_state(row)
-    # After the commit: a reader never sees a mirror the database then rolls back.
-    transaction.on_commit(lambda: mirror(state))
+    # After the commit: a reader never sees a mirror the database then rolls back. Robust: the change is
+    # recorded; a Redis error here is logged, not the caller's 500, and `advance` repairs the mirror.
+    transaction.on_commit(lambda: mirror(state), robust=True)
     return state
 
 
@@ -209,21 +210,22 @@ def live_workers(client: redis.Redis) -> list[dict[str, Any]]:
 
 def advance(client: redis.Redis | None = None) -> list[str]:
     """One housekeeping step (every second, under the sampler's lock; and `promote --wait`): re-mirror
-    deployments Redis lost, switch targets every live child has loaded, open ready canaries, and fail
+    deployments Redis lost or holds stale, switch targets every live online child has loaded, open ready canaries, and fail
     versions children refused. Returns what it did, for logs and `--wait`."""
     client = client or get_redis()
     registry = get_registry()
     raw = client.hgetall(DEPLOYMENTS_KEY)
-    missing = [name for name in registry.names() if name not in raw]
-    if missing:
-        remirror(client, missing)
-        raw = client.hgetall(DEPLOYMENTS_KEY)
+    # The rows, not the mirror, say what is pending: a mirror write lost after its commit (a Redis blip,
+    # or two commits' callbacks landing in the other order) is repaired here, a second later at most.
+    # One small query a second, under the sampler's lock: one process in the fleet makes it.
+    rows = {row.model: as_state(row) for row in ModelDeployment.objects.filter(model__in=registry.names())}
     pending = {}
-    for name, value in raw.items():
-        if name in registry.models:
-            state = Deployment.from_json(value)
-            if state.target or (state.canary and not state.canary_ready):
-                pending[name] = state
+    for name in registry.names():
+        state = rows.get(name) or default_deployment(registry.models[name])
+        if raw.get(name) != state.as_json():
+            mirror(state, client)
+        if state.target or (state.canary and not state.canary_ready):
+            pending[name] = state
     if not pending:
         return []
     workers = live_workers(client)
@@ -236,16 +238,6 @@ def advance(client: redis.Redis | None = None) -> list[str]:
         elif state.canary and not state.canary_ready and loaded.ready_for(state.canary):
             done.append(_canary_ready(name, state.canary))
     return [d for d in done if d]
-
-
-def remirror(client: redis.Redis, models: list[str]) -> None:
-    """Write the mirror of `models` from their rows (the file's default where there is none)."""
-    rows = {row.model: as_state(row) for row in ModelDeployment.objects.filter(model__in=models)}
-    registry = get_registry()
-    for name in models:
-        mirror(rows.get(name) or default_deployment(registry.models[name]), client)
-    if rows:
-        logger.info("re-mirrored the deployments of %s from the database", ", ".join(sorted(rows)))
 
 
 def _fail_refused(state: Deployment, loaded: LoadedVersions) -> list[str]:

@@ -3,9 +3,10 @@
 A background thread (the keeper) reads the deployment mirror (inference/core/versions.py) every
 INFERENCE_VERSION_POLL_S and loads every version a served model wants (active, target, canary) beside
 the ones serving, so serving never stops for a load. The heartbeat reports what is loaded; the switch
-to a target waits until every live child reports it (inference/deployments.py). A version no longer
-wanted stays until it has had no work for INFERENCE_VERSION_DRAIN_S (just over the longest online
-deadline): requests the web tier stamped with it before the switch still find it here.
+to a target waits until every live online child reports it (inference/deployments.py). A version no
+longer wanted stays for INFERENCE_VERSION_DRAIN_S (just over the longest online deadline) after the
+child saw it replaced (offline: after its last job pass): requests the web tier stamped with it before
+the switch still find it here.
 
 Every load is verified first: the version folder's checksum against the models file's `sha256:`, or,
 without one, against the digest the first load of that version anywhere recorded. A mismatch refuses
@@ -217,7 +218,14 @@ class VersionKeeper:
                 self._unwanted_since.pop(key, None)
                 continue
             since = self._unwanted_since.setdefault(key, now)
-            if now - max(since, runtime.last_used(model, version)) >= self.drain_s:
+            # Online: drained from when this child saw it unwanted. Nothing unpinned is stamped with it
+            # after the switch, and whatever was is past its deadline within drain_s, so work counted
+            # from then would only let a tenant pinning a replaced version keep it loaded for good.
+            # Offline: a job pinned to it is still running on it; counting from its last pass keeps the
+            # child from reloading it every drain period.
+            if self.state.queue != "online":
+                since = max(since, runtime.last_used(model, version))
+            if now - since >= self.drain_s:
                 runtime.unload(model, version)
                 self._unwanted_since.pop(key, None)
                 changed = True

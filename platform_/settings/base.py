@@ -267,8 +267,9 @@ ONLINE_MAX_DEADLINE_MS = env.int("ONLINE_MAX_DEADLINE_MS", default=max(ONLINE_DE
 # INFERENCE_VERSION_POLL_S: how often each worker child reads the deployment (and starts loading a
 # promoted or canary version beside what it serves).
 INFERENCE_VERSION_POLL_S = env.float("INFERENCE_VERSION_POLL_S", default=0.5)
-# INFERENCE_VERSION_DRAIN_S: how long a version no longer wanted stays loaded after its last work, so
-# requests stamped with it before a switch still finish on it: just over the longest online deadline.
+# INFERENCE_VERSION_DRAIN_S: how long a version no longer wanted stays loaded (online children: after they
+# saw it replaced; offline: after its last job pass), so requests stamped with it before a switch still
+# finish on it: just over the longest online deadline.
 INFERENCE_VERSION_DRAIN_S = env.float("INFERENCE_VERSION_DRAIN_S", default=ONLINE_MAX_DEADLINE_MS / 1000 + 1.0)
 # INFERENCE_DEPLOYMENT_CACHE_MS: how long a web process reuses its read of the deployment mirror (a
 # stale read within it still finds its version loaded: the old one drains for INFERENCE_VERSION_DRAIN_S).
