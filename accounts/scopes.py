@@ -2,7 +2,8 @@
 
 The online paths (predict, embeddings) check theirs in the views (accounts/credentials.Caller.require).
 DRF tokens and sessions have every scope. Managing keys needs a session or a DRF token: a leaked key
-must not be able to mint more keys or revoke its owner's others.
+must not be able to mint more keys or revoke its owner's others. Controlling model versions (staff) needs
+one too.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from accounts.credentials import JOBS_READ, JOBS_WRITE, Caller
 _JOB_URLS = ("job-", "openai-file", "openai-batch", "callback-secret")
 # Key management and the DRF token's rotation (which a key would otherwise turn into a full-access token).
 KEY_MANAGEMENT_URLS = ("apikey-list", "apikey-detail", "token-rotate")
+# Staff control of model versions (promote, roll back, canary): an operator's act, never a tenant key's,
+# whoever the key's owner is (a staff user's narrow key must not swap a model every tenant uses).
+MODEL_CONTROL_URLS = ("model-deployment", "model-promote", "model-canary")
 
 
 def needed_scope(url_name: str, method: str) -> str | None:
     """The scope a key needs for this endpoint; None: any key will do; "" : no key may (keys management)."""
-    if url_name in KEY_MANAGEMENT_URLS:
+    if url_name in KEY_MANAGEMENT_URLS or url_name in MODEL_CONTROL_URLS:
         return ""
     if url_name.startswith(_JOB_URLS):
         return JOBS_READ if method in permissions.SAFE_METHODS else JOBS_WRITE

@@ -56,6 +56,8 @@ def _flatten(detail: Any, prefix: str = "") -> list[str]:
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Any:
     """DRF's handler, with validation errors flattened into one readable `detail` (fields kept in `errors`)."""
+    if isinstance(exc, ApiError):  # raised by a DRF view as the async views raise it: the same answer
+        return exc.response()
     if isinstance(exc, Http404):  # DRF answers it, but without our `code`: make it the API's own 404
         exc = exceptions.NotFound(str(exc) or "not found")
     response = drf_exception_handler(exc, context)

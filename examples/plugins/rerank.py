@@ -55,7 +55,7 @@ MAX_DOCUMENTS_LIMIT = 256
 def _documents_of(inputs: Mapping[str, Any]) -> list:
     try:
         documents = json.loads(inputs.get("documents") or "[]")
-    except ValueError:
+    except (ValueError, RecursionError):
         return []
     return documents if isinstance(documents, list) else []
 
@@ -171,9 +171,13 @@ class RerankTask(TaskType):
     def input_tokens(self, spec: ModelSpec, index: int, item: Any) -> int:
         """Every (query, document) pair as the handler tokenizes it: specials included, truncated to
         max_seq_length (the query and the document cut alike, longest first)."""
-        from inference.core.tokens import encode_batch, tokenizer_for
+        from inference.core.tokens import CHARS_PER_TOKEN_BOUND, encode_batch, tokenizer_for
 
-        pairs = [(item["query"], document) for document in item["documents"]]
+        # A prefix of this many characters holds at least max_seq_length tokens, so the pair truncates to
+        # the same count: the web tier never tokenizes a 10,000-character query 32 times over.
+        cut = CHARS_PER_TOKEN_BOUND * spec.max_seq_length
+        query = item["query"][:cut]
+        pairs = [(query, document[:cut]) for document in item["documents"]]
         try:
             encodings = encode_batch(tokenizer_for(spec), pairs)
         except Exception as exc:  # say which input the tokenizer refuses
@@ -190,6 +194,8 @@ class RerankTask(TaskType):
             return error
         try:
             documents = json.loads(cells["documents"])
+        except RecursionError:  # "[[[[...": nested past Python's stack, not a list of strings either
+            return 'documents is nested too deeply: send a flat JSON array of strings (["first", "second"])'
         except ValueError as exc:
             return f'documents is not a JSON array of strings (["first", "second"]): {exc}'
         if not isinstance(documents, list) or not documents:

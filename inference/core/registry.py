@@ -202,19 +202,23 @@ def _versions_of(base: ModelSpec, others: object) -> dict[str, ModelSpec]:
         if {"options", "handler", *base.task_type.model_keys} & set(overrides):
             merged = {key: getattr(base, key) for key in base.task_type.model_keys}
             merged.update({"task": base.task, "options": dict(base.options), "handler": base.handler, **overrides})
-            overrides = {**overrides, "options": _task_settings(f"{base.name} version {version}", merged)["options"]}
+            checked = _task_settings(f"{base.name} version {version}", merged, base.task_type)
+            overrides = {**overrides, "options": checked["options"]}
         found[version] = replace(base, version=version, **{"sha256": None, **overrides})
     return found
 
 
-def _task_settings(name: str, entry: dict) -> dict[str, Any]:
+def _task_settings(name: str, entry: dict, task_type: TaskType | None = None) -> dict[str, Any]:
     """The entry's task as its type's name, its `options:` checked and frozen, its `handler:` path
-    checked (found, not imported: a handler imports torch); RegistryError naming the model and the path."""
+    checked (found, not imported: a handler imports torch); RegistryError naming the model and the path.
+    `task_type`: the entry's, already resolved (a version's overrides are checked by its model's type)."""
     task = entry.get("task")
     try:
-        if not isinstance(task, str) or not task:
+        # A plugin is named by its path, never by its bare name: that name is known only once some entry
+        # has imported it, and the file must mean the same whatever order it is read in.
+        if task_type is None and (not isinstance(task, str) or not task or (task not in BUILTIN and ":" not in task)):
             raise TaskTypeError(f"task must be one of {', '.join(TASKS)}, or a dotted path module:Class to a TaskType")
-        task_type = get_task_type(task)
+        task_type = task_type or get_task_type(task)
         task_type.check_entry(entry)
         options = task_type.check_options(entry.get("options") or {})
         if entry.get("handler") is not None:

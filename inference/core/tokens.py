@@ -53,7 +53,7 @@ def _tokenizer(path: str, max_length: int) -> Tokenizer:
 _STEP_TEXTS = 8
 # Characters that hold more than one token of any ordinary text: a prefix of 8 * n characters comes
 # out at more than n tokens unless the text is odd (then it is counted whole).
-_CHARS_PER_TOKEN_BOUND = 8
+CHARS_PER_TOKEN_BOUND = 8
 
 
 def token_counts(spec: ModelSpec, inputs: list[Any], stop_above: int | None = None) -> list[int]:
@@ -109,7 +109,7 @@ def _truncated_counts(spec: ModelSpec, texts: list[str], where: Callable[[int], 
     """Each text's tokens with specials, truncated to max_seq_length, counted on a prefix when that
     is enough; `where(i)` names text i in an error."""
     tokenizer = tokenizer_for(spec)
-    prefix_chars = _CHARS_PER_TOKEN_BOUND * spec.max_seq_length
+    prefix_chars = CHARS_PER_TOKEN_BOUND * spec.max_seq_length
     heads = [text[:prefix_chars] for text in texts]
     try:
         counts = [len(e.ids) for e in encode_batch(tokenizer, heads)]
@@ -145,7 +145,7 @@ def qa_tokens(spec: ModelSpec, index: int, question: str, context: str) -> int:
     limit = task_io.max_question_tokens(spec.max_seq_length, specials)
     # The question is counted on a prefix first: a question of 10,000 characters is refused for what
     # its first max_seq_length tokens already show, and counted whole only for the message.
-    prefix_chars = _CHARS_PER_TOKEN_BOUND * spec.max_seq_length
+    prefix_chars = CHARS_PER_TOKEN_BOUND * spec.max_seq_length
     where = f"inputs[{index}].question"
     question_tokens = _bare_count(tokenizer, spec, where, question[:prefix_chars])
     if len(question) > prefix_chars and question_tokens <= limit:  # an odd question: counted whole

@@ -14,6 +14,7 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from accounts.scopes import KeyScopes
 from inference import deployments
 from platform_.errors import ApiError
 
@@ -56,7 +57,7 @@ def _answer(call, status: int = 200) -> Response:
 
 @extend_schema(responses=_state, summary="A model's deployment: active, target, previous and canary versions (staff)")
 @api_view(["GET"])
-@permission_classes([IsAdminUser])
+@permission_classes([IsAdminUser, KeyScopes])  # KeyScopes: no API key may (accounts/scopes.py)
 def deployment(request: Request, name: str) -> Response:
     return _answer(lambda: deployments.current(name))
 
@@ -67,7 +68,7 @@ def deployment(request: Request, name: str) -> Response:
     summary="Promote a version (staff): load it beside the active one, then switch; promoting `previous` rolls back",
 )
 @api_view(["POST"])
-@permission_classes([IsAdminUser])
+@permission_classes([IsAdminUser, KeyScopes])  # KeyScopes: no API key may (accounts/scopes.py)
 def promote(request: Request, name: str) -> Response:
     data = PromoteSerializer(data=request.data)
     data.is_valid(raise_exception=True)
@@ -82,7 +83,7 @@ def promote(request: Request, name: str) -> Response:
 )
 @extend_schema(methods=["DELETE"], responses=_state, summary="End the model's canary (staff)")
 @api_view(["POST", "DELETE"])
-@permission_classes([IsAdminUser])
+@permission_classes([IsAdminUser, KeyScopes])  # KeyScopes: no API key may (accounts/scopes.py)
 def canary(request: Request, name: str) -> Response:
     if request.method == "DELETE":
         return _answer(lambda: deployments.clear_canary(name, _who(request)))
