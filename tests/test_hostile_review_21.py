@@ -114,12 +114,6 @@ def test_a_redis_blip_after_the_commit_is_not_a_500(client, two_versions, monkey
 # ---- online requests to a version other than the models file's entry ------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="online.predict prices (and views validate) with registry.get(name), the entry's spec, before and "
-    "regardless of the version chosen: a pinned, canary or promoted version's own tokenizer, max_seq_length, "
-    "max_batch_tokens and options are ignored by admission",
-)
 def test_a_request_to_another_version_is_priced_by_that_versions_own_limits(monkeypatch):
     from inference.core.registry import parse_registry
     from inference.web import online
@@ -145,6 +139,7 @@ def test_a_request_to_another_version_is_priced_by_that_versions_own_limits(monk
         raise RuntimeError("priced")
 
     monkeypatch.setattr(online, "get_admission", lambda: Admission())
+    monkeypatch.setattr(online, "get_registry", lambda: registry)  # the process's registry, this file's models
     monkeypatch.setattr(online, "token_counts", counts)
     with pytest.raises(RuntimeError, match="priced"):
         asyncio.run(online.predict(registry.get("m"), ["x"], 2000, "r", time.time(), client="1", version="2"))

@@ -15,7 +15,7 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from inference.core.registry import ModelSpec
+from inference.core.registry import ModelSpec, get_registry
 from inference.core.replies import gather_reply
 from inference.core.task_io import input_chars
 from inference.core.tokens import token_counts
@@ -138,9 +138,11 @@ async def predict(
     """
     deadline = started_at + deadline_ms / 1000
     admission = get_admission()
-    tokens = await _count_tokens(spec, texts, admission, deadline)
     if version is None:
         version = await versions.choose(spec, client)
+    # Priced with the chosen version's own tokenizer and limits (a version may override max_seq_length).
+    priced = get_registry().version_spec(spec.name, version) or spec
+    tokens = await _count_tokens(priced, texts, admission, deadline)
     task_id = uuid.uuid4().hex
     admit_start = time.time()
     kwargs = {
