@@ -267,12 +267,14 @@ def success_body(batch: Batch, row: JobRow) -> dict[str, Any]:
     """The line's answer exactly as the synchronous endpoint gives it (predict without its per-call `timing`
     and `worker`, which belong to one HTTP call)."""
     job = batch.job
+    version = row.model_version or job.model_version
     if batch.endpoint == EMBEDDINGS_ENDPOINT:
         from inference.web.api.openai_compat import embeddings_body
 
         encoding = (row.inputs or {}).get("encoding_format", "float") if isinstance(row.inputs, dict) else "float"
-        return embeddings_body(job.model, [row.output], [row.tokens], encoding)
-    return {"model": job.model, "outputs": [row.output]}
+        # The version that answered this line, as the synchronous answers carry it (issue 21).
+        return {**embeddings_body(job.model, [row.output], [row.tokens], encoding), "model_version": version}
+    return {"model": job.model, "model_version": version, "outputs": [row.output]}
 
 
 def error_body(batch: Batch, row: JobRow) -> tuple[int, dict[str, Any]]:

@@ -101,6 +101,7 @@ def test_an_embeddings_batch_answers_each_line_as_v1_embeddings_does(client):
         assert line["error"] is None and line["response"]["status_code"] == 200
         body = line["response"]["body"]
         assert body["object"] == "list" and body["model"] == "embedding"
+        assert body["model_version"] == synchronous.model_extra["model_version"]
         assert [item["index"] for item in body["data"]] == [0]
         assert close(body["data"][0]["embedding"], synchronous.data[i].embedding)
         alone = client.embeddings.create(model="embedding", input=text, encoding_format="float")
@@ -129,6 +130,7 @@ def test_a_router_batch_answers_each_line_as_predict_does(stack, client):
         sync = stack.predict("router", [text]).json()
         body = line["response"]["body"]
         assert body["model"] == "router" and body["outputs"][0]["label"] == sync["outputs"][0]["label"]
+        assert body["model_version"] == sync["model_version"]  # the version that answered, as predict says
         assert body["outputs"][0]["score"] == pytest.approx(sync["outputs"][0]["score"], abs=1e-5)
 
 
