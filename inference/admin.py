@@ -24,15 +24,15 @@ def _ms_column(field: str):
 @admin.register(SlowRequest)
 class SlowRequestAdmin(admin.ModelAdmin):
     list_display = [
-        "created", "request_id", "model", "status", "inputs", "total", "queue_wait", "batch_wait", "inference",
-        "postprocess", "batch_size", "worker",
+        "created", "request_id", "model", "status", "inputs", "total", "queue_wait", "batch_wait", "pass_wait",
+        "inference", "postprocess", "batch_size", "worker",
     ]  # fmt: skip
     list_filter = ["model", "status", "created_at"]
     search_fields = ["request_id", "worker"]
     date_hierarchy = "created_at"
     fields = [
         "created", "request_id", "model", "status", "inputs", "input_chars", "total", "admission", "queue_wait",
-        "batch_wait", "inference", "postprocess", "batch_size", "worker",
+        "batch_wait", "pass_wait", "inference", "postprocess", "batch_size", "worker",
     ]  # fmt: skip
     readonly_fields = fields
 
@@ -40,6 +40,7 @@ class SlowRequestAdmin(admin.ModelAdmin):
     admission = _ms_column("admission_ms")
     queue_wait = _ms_column("queue_wait_ms")
     batch_wait = _ms_column("batch_wait_ms")
+    pass_wait = _ms_column("pass_wait_ms")
     inference = _ms_column("inference_ms")
     postprocess = _ms_column("postprocess_ms")
 

@@ -29,9 +29,11 @@ class Snapshot:
     p99_s: float | None = None
     offline_rows_per_s: float = 0.0
     inference_p50_s: float | None = None
-    # Time in the broker and in the worker's buffer before the pass (stages queue_wait, batch_wait).
+    # Time in the broker and in the worker's buffer before the dispatch's first pass (stages queue_wait,
+    # batch_wait), then behind the dispatch's earlier passes (pass_wait: batching at work, not waiting).
     queue_wait_p50_s: float | None = None
     batch_wait_p50_s: float | None = None
+    pass_wait_p50_s: float | None = None
     mean_batch_size: float | None = None
     mean_fill: float | None = None
     # Answered (status 200) requests, one count per second of the window, oldest first.
@@ -149,6 +151,7 @@ def from_seconds(seconds: list[dict[str, float]], window_s: int) -> Snapshot:
     s.inference_p50_s = w.percentile_s("inference", 50)
     s.queue_wait_p50_s = w.percentile_s("queue_wait", 50)
     s.batch_wait_p50_s = w.percentile_s("batch_wait", 50)
+    s.pass_wait_p50_s = w.percentile_s("pass_wait", 50)
     s.mean_batch_size, s.mean_fill = w.mean_batch_size(), w.mean_fill()
     s.ok_series = [sum(v for k, v in b.items() if k.startswith("req|") and k.endswith("|ok")) for b in seconds]
     for bucket in seconds:

@@ -26,7 +26,7 @@ from observability.keys import TOTAL_KEY, second_key
 HISTORY_S = 20 * 60
 # The timing stages of an online request, in the order they happen: the one list (Server-Timing,
 # the slow-request log, the latency histograms and the tests all read it).
-STAGES = ("admission", "queue_wait", "batch_wait", "inference", "postprocess", "total")
+STAGES = ("admission", "queue_wait", "batch_wait", "pass_wait", "inference", "postprocess", "total")
 # Status classes of online answers: what the dashboard charts and /metrics labels (`status`).
 STATUS_CLASSES = ("2xx", "4xx", "429", "503", "504", "5xx")
 # Upper bounds in seconds, fitted to this range: a few ms of overhead up to multi-second overload.

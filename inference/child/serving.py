@@ -23,12 +23,17 @@ from inference.core.workers import WorkerState, record_batch
 logger = logging.getLogger(__name__)
 
 
-def _timing(request: Any, passes: list[runtime.Pass], group_size: int) -> dict[str, Any]:
+def _timing(request: Any, passes: list[runtime.Pass], group_size: int, dispatch_start: float) -> dict[str, Any]:
+    """Where a request's time went in the worker. batch_wait ends when its dispatch's first pass starts;
+    pass_wait is the time its texts then waited behind the dispatch's earlier passes (a dispatch is cut
+    into passes of similar length by max_padding_fraction): that is batching working, not a request
+    waiting for company, and the diagnosis must not read it as "batches not filling" (issue 23)."""
     first = min(p.start for p in passes)
     last = max(p.end for p in passes)
     return {
         "queue_wait_ms": round((request.received_at - request.kwargs["enqueued_at"]) * 1000, 3),
-        "batch_wait_ms": round((first - request.received_at) * 1000, 3),
+        "batch_wait_ms": round((min(dispatch_start, first) - request.received_at) * 1000, 3),
+        "pass_wait_ms": round(max(0.0, first - dispatch_start) * 1000, 3),
         "inference_ms": round((last - first) * 1000, 3),
         "batch_size": max(p.size for p in passes),
         "batch_requests": group_size,
@@ -85,10 +90,13 @@ class _Answers:
             self.first_text[n] = self.first_text[n - 1] + len(live[n - 1].kwargs["inputs"])
         self.remaining = [len(r.kwargs["inputs"]) for r in live]
         self.answered: set[int] = set()
+        self.dispatch_start: float | None = None  # when the dispatch's first pass started
         self._replies: dict[str, dict[str, Any]] = {}
         self._finished: list[str] = []  # requests whose last part is answered: released from admission
 
     def pass_done(self, indices: list[int], outputs: list[Any], passes: list[runtime.Pass]) -> None:
+        if self.dispatch_start is None:  # passes run one after another: the first to end started first
+            self.dispatch_start = passes[indices[0]].start
         for index in indices:
             n = self.owner[index]
             self.remaining[n] -= 1
@@ -100,7 +108,7 @@ class _Answers:
                     {
                         "ok": True,
                         "outputs": outputs[own],
-                        "timing": _timing(request, passes[own], len(self.live)),
+                        "timing": _timing(request, passes[own], len(self.live), self.dispatch_start),
                         "worker": self.worker,
                         "model_version": self.version,
                     },

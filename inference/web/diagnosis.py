@@ -147,6 +147,10 @@ def batches_not_filling(s: Snapshot) -> Finding | None:
 
     Small passes alone are no finding: under a light or closed-loop load each pass takes all that
     waits, and what waits is one request (8 steady clients on 2 children fired the old rule).
+    The wait counted is before a request's dispatch starts (queue_wait + batch_wait). The passes its
+    own dispatch is cut into (max_padding_fraction) are pass_wait, and are not counted: a dispatch of
+    8 texts of mixed lengths run as 5 passes is batching by length, and at a steady 8 clients it read as
+    "waited 3 passes" (issue 23).
     """
     waited = [v for v in (s.queue_wait_p50_s, s.batch_wait_p50_s) if v is not None]
     if (

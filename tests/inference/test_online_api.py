@@ -18,7 +18,7 @@ from tests.conftest import TIGHT_BACKLOG, wait_until
 
 pytestmark = pytest.mark.integration
 
-STAGES = ["admission", "queue_wait", "batch_wait", "inference", "postprocess", "total"]
+STAGES = ["admission", "queue_wait", "batch_wait", "pass_wait", "inference", "postprocess", "total"]
 
 
 def post(stack, model, body, content_type="application/json", **headers):

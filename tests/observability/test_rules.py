@@ -146,6 +146,19 @@ def test_small_passes_that_took_all_that_waited_are_no_finding():
     )
 
 
+def test_waiting_behind_the_passes_of_its_own_dispatch_is_not_waiting_for_company():
+    # Issue 23: a dispatch of a few texts of mixed lengths is cut into passes by max_padding_fraction; a
+    # text in the last pass waits for the others (pass_wait). That is batching by length, not a request
+    # left alone: before the split, this wait was in batch_wait and the rule fired at a steady 8 clients.
+    steady = healthy(
+        mean_batch_size=1.3, queue_wait_p50_s=0.002, batch_wait_p50_s=0.004, pass_wait_p50_s=0.05, inference_p50_s=0.02
+    )
+    assert online.batches_not_filling(steady) is None
+    # The same figures with that wait still counted as batch_wait are the finding the old timing produced.
+    before = healthy(mean_batch_size=1.3, queue_wait_p50_s=0.002, batch_wait_p50_s=0.054, inference_p50_s=0.02)
+    assert online.batches_not_filling(before) is not None
+
+
 # many_refusals ----------------------------------------------------------------------------------
 
 

@@ -58,14 +58,22 @@ def add_predict_endpoint(result: dict[str, Any], generator: Any, request: Any, p
     schemas.update(_task_components(settings.ONLINE_MAX_TEXT_CHARS, types))
     input_components = list(task_io.input_schemas(settings.ONLINE_MAX_TEXT_CHARS, types))
     qa_example_output = {"model": "qa", "outputs": [task_io.QA_EXAMPLE_OUTPUT], "timing": {"total_ms": 31.2}}
-    stages = ["admission_ms", "queue_wait_ms", "batch_wait_ms", "inference_ms", "postprocess_ms", "total_ms"]
+    stages = [
+        "admission_ms",
+        "queue_wait_ms",
+        "batch_wait_ms",
+        "pass_wait_ms",
+        "inference_ms",
+        "postprocess_ms",
+        "total_ms",
+    ]
     result.setdefault("paths", {})["/api/v1/models/{name}/predict"] = {
         "post": {
             "operationId": "models_predict",
             "summary": "Run inputs through a model on the online queue",
             "description": (
                 "Admitted requests are batched with others on a worker. Responses carry X-Request-ID and "
-                "Server-Timing (admission, queue_wait, batch_wait, inference, postprocess, total).\n\n"
+                "Server-Timing (admission, queue_wait, batch_wait, pass_wait, inference, postprocess, total).\n\n"
                 "What each input is and what each output holds depends on the model's task (its `task` "
                 "and `input_fields` in GET /api/v1/models); an input of the wrong shape gets a 400 that "
                 "names it (`inputs[2] must be an object ...`, `inputs[0].context is empty`).\n\n" + _tasks_table(types)
