@@ -50,7 +50,8 @@ class Caller:
         if scope not in self.scopes:
             have = ", ".join(sorted(self.scopes)) or "none"
             return "scope_missing", f"this API key ({self.key_prefix}…) lacks the {scope!r} scope; its scopes: {have}"
-        if model is not None and self.models_allowed and model not in self.models_allowed:
+        # An allow-list names models; a pin (router@2) is a version of one of them.
+        if model is not None and self.models_allowed and model.partition("@")[0] not in self.models_allowed:
             allowed = ", ".join(self.models_allowed)
             return "model_not_allowed", f"this API key ({self.key_prefix}…) may call only {allowed}, not {model!r}"
         return None

@@ -319,8 +319,11 @@ def housekeeping() -> None:
     advance()
 
 
-def version_listing(registry: Registry, workers: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """For /api/v1/models: each model's versions with status, and which are active, target and canary."""
+def version_listing(
+    registry: Registry, workers: list[dict[str, Any]], *, staff: bool = False
+) -> dict[str, dict[str, Any]]:
+    """For /api/v1/models: each model's versions with status, and which are active, target and canary.
+    A failed version's error (file paths, the loader's text) is shown to staff only, as other internals."""
     rows = {(v.model, v.version): v for v in ModelVersion.objects.all()}
     deployments = {row.model: as_state(row) for row in ModelDeployment.objects.all()}
     listing = {}
@@ -340,7 +343,7 @@ def version_listing(registry: Registry, workers: list[dict[str, Any]]) -> dict[s
                     "active": version == state.active,
                     "canary": version == state.canary,
                     "loaded_workers": len(loaded.by_version.get(version, ())),
-                    **({"error": row.error} if row and row.error else {}),
+                    **({"error": row.error} if staff and row and row.error else {}),
                 }
             )
         listing[name] = {

@@ -203,3 +203,37 @@ def test_a_csv_upload_with_a_deeply_nested_documents_cell_is_not_a_500(client, s
         get_registry.cache_clear()
         sys.path.remove(str(PLUGINS))
     assert answer.status_code != 500, answer.content
+
+
+# ---- job pins (finding 7) ------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tenant_pins_a_job_only_to_a_served_version_and_staff_to_any(client, two_versions, monkeypatch):
+    """A pinned job makes the shared offline worker load that version: a tenant may pin the active, canary
+    or previous version, not make it load any version of the models file."""
+    from types import SimpleNamespace
+
+    from jobs.api import serializers as job_serializers
+    from tests.jobs.factories import user
+
+    monkeypatch.setattr(job_serializers, "get_registry", lambda: two_versions)
+
+    def pin(who, value: str):
+        form = job_serializers.JobCreateSerializer(context={"request": SimpleNamespace(user=who)})
+        return form.validate_model(value)
+
+    tenant, staff = user("pin-tenant"), user("pin-staff", staff=True)
+    assert pin(tenant, "router@1") == "router@1"  # the active version
+    with pytest.raises(job_serializers.serializers.ValidationError) as refused:
+        pin(tenant, "router@2")
+    assert "only while it is the active, canary or previous version; now: 1" in str(refused.value)
+    assert pin(staff, "router@2") == "router@2"
+
+
+def test_a_keys_model_allow_list_holds_for_a_pinned_version_of_an_allowed_model():
+    from accounts.credentials import Caller
+
+    caller = Caller(user=None, key_id=1, scopes=frozenset({"predict", "jobs:write"}), models_allowed=("router",))
+    assert caller.refusal("jobs:write", "router@2") is None
+    assert caller.refusal("predict", "embedding@1")[0] == "model_not_allowed"

@@ -69,7 +69,7 @@ async def check_pin(spec: ModelSpec, version: str) -> str:
         raise ApiError(
             404,
             "unknown_version",
-            f"model {spec.name!r} has no version {version!r}; its versions: {', '.join(sorted(known))}",
+            f"model {spec.name!r} has no version {version[:40]!r}; its versions: {', '.join(sorted(known))}",
         )
     loaded = loaded_versions(await _live_workers(), spec.name).loaded_online()
     if version not in loaded:

@@ -219,6 +219,19 @@ class JobCreateSerializer(serializers.Serializer):
                 f"model {name!r} has no version {shown(version)}; its versions: "
                 f"{', '.join(sorted(registry.versions_of(name)))}"
             )
+        request = self.context.get("request")
+        if version and not (request is not None and request.user.is_staff):
+            # A pinned job makes the shared offline worker load that version beside its others: a tenant
+            # may pin only what the deployment serves or just replaced (staff may pin any version).
+            from inference.deployments import current
+
+            state = current(name)
+            allowed = sorted({state.active, state.canary, state.previous} - {None, ""})
+            if version not in allowed:
+                raise serializers.ValidationError(
+                    f"a job may pin version {shown(version)} of model {name!r} only while it is the active, "
+                    f"canary or previous version; now: {', '.join(allowed)} (staff may pin any version)"
+                )
         return value
 
 

@@ -7,7 +7,7 @@ every live child has it (GET the deployment, or /api/v1/models, to watch it).
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import IsAdminUser
@@ -34,6 +34,17 @@ _state = inline_serializer(
 )
 
 
+# What every staff endpoint here may refuse, documented so clients (and the schema fuzz test) expect it.
+_REFUSALS = {
+    403: OpenApiResponse(description="not staff, or an API key (model control needs a session or a DRF token)"),
+    404: OpenApiResponse(description="unknown model or version (`unknown_model`, `unknown_version`)"),
+}
+_CHANGE_REFUSALS = {
+    **_REFUSALS,
+    409: OpenApiResponse(description="the change cannot be made now, e.g. a canary of the active version"),
+}
+
+
 class PromoteSerializer(serializers.Serializer):
     version = serializers.CharField(max_length=32)
 
@@ -55,7 +66,10 @@ def _answer(call, status: int = 200) -> Response:
     return Response(deployments.state_body(state), status=status)
 
 
-@extend_schema(responses=_state, summary="A model's deployment: active, target, previous and canary versions (staff)")
+@extend_schema(
+    responses={200: _state, **_REFUSALS},
+    summary="A model's deployment: active, target, previous and canary versions (staff)",
+)
 @api_view(["GET"])
 @permission_classes([IsAdminUser, KeyScopes])  # KeyScopes: no API key may (accounts/scopes.py)
 def deployment(request: Request, name: str) -> Response:
@@ -64,7 +78,7 @@ def deployment(request: Request, name: str) -> Response:
 
 @extend_schema(
     request=PromoteSerializer,
-    responses={202: _state},
+    responses={202: _state, **_CHANGE_REFUSALS},
     summary="Promote a version (staff): load it beside the active one, then switch; promoting `previous` rolls back",
 )
 @api_view(["POST"])
@@ -78,10 +92,10 @@ def promote(request: Request, name: str) -> Response:
 @extend_schema(
     methods=["POST"],
     request=CanarySerializer,
-    responses={202: _state},
+    responses={202: _state, **_CHANGE_REFUSALS},
     summary="Give a version a sticky share of the model's callers (staff)",
 )
-@extend_schema(methods=["DELETE"], responses=_state, summary="End the model's canary (staff)")
+@extend_schema(methods=["DELETE"], responses={200: _state, **_REFUSALS}, summary="End the model's canary (staff)")
 @api_view(["POST", "DELETE"])
 @permission_classes([IsAdminUser, KeyScopes])  # KeyScopes: no API key may (accounts/scopes.py)
 def canary(request: Request, name: str) -> Response:

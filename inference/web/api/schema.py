@@ -134,6 +134,10 @@ def add_predict_endpoint(result: dict[str, Any], generator: Any, request: Any, p
                                 "type": "object",
                                 "properties": {
                                     "model": {"type": "string"},
+                                    "model_version": {
+                                        "type": "string",
+                                        "description": "the version of the model that answered (issue 21)",
+                                    },
                                     "outputs": {
                                         "type": "array",
                                         "items": {"oneOf": [_ref(name) for name in task_io.output_components(types)]},

@@ -349,7 +349,7 @@ _model_list = inline_serializer(
 def model_list(request: Request) -> Response:
     registry = get_registry()
     workers = _serving_workers()
-    listing = deployments.version_listing(registry, workers)
+    listing = deployments.version_listing(registry, workers, staff=request.user.is_staff)
     models = []
     for name in registry.names():
         spec = registry.models[name]
