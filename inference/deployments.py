@@ -231,7 +231,7 @@ def advance(client: redis.Redis | None = None) -> list[str]:
     workers = live_workers(client)
     done = []
     for name, state in pending.items():
-        loaded = loaded_versions(workers, name)
+        loaded = loaded_versions(workers, name, since=state.changed_at)
         done += _fail_refused(state, loaded)
         if state.target and loaded.ready_for(state.target):
             done.append(switch(name, state.target))

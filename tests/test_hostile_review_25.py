@@ -268,7 +268,7 @@ def test_predict_names_the_worker_that_answered_to_staff_only(stack, django_db_b
         staff_token = Token.objects.get_or_create(user=get_user_model().objects.get(username="boss"))[0].key
     tenant = stack.predict("router", ["where is my parcel"])
     assert tenant.status_code == 200, tenant.text
-    assert set(tenant.json()) == {"model", "outputs", "timing"}
+    assert set(tenant.json()) == {"model", "model_version", "outputs", "timing"}
     staff = stack.predict("router", ["where is my parcel"], token=staff_token)
     assert staff.status_code == 200, staff.text
     host, _, pid = staff.json()["worker"].rpartition(":")

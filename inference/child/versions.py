@@ -155,6 +155,9 @@ class VersionKeeper:
                     changed |= self._load(model, version, deployment)
             runtime.set_default(model, deployment.active)
             changed |= self._unload_drained(model, wanted, time.monotonic() if now is None else now)
+            if self.state.versions_seen.get(model) != deployment.changed_at:
+                self.state.versions_seen[model] = deployment.changed_at  # what `versions` now answers
+                changed = True
         if changed:
             self.publish()
 

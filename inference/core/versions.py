@@ -186,8 +186,13 @@ class LoadedVersions:
         return sorted(v for v in self.by_version if self.on_all(v, online_only=True))
 
 
-def loaded_versions(workers: list[dict[str, Any]], model: str) -> LoadedVersions:
-    """From live children's heartbeats (inference/core/workers.py: `versions`, `version_errors`)."""
+def loaded_versions(workers: list[dict[str, Any]], model: str, since: float | None = None) -> LoadedVersions:
+    """From live children's heartbeats (inference/core/workers.py: `versions`, `version_errors`).
+
+    `since`: a deployment change (changed_at). A child whose keeper has not yet acted on it counts as
+    holding no version: what it reported may be from before (it may have unloaded since), and a switch
+    made on it sent a rollback's requests to children without the version (the live test, 1,486 x 409).
+    """
     found = LoadedVersions()
     for worker in workers:
         if model not in worker.get("models", ()):
@@ -196,6 +201,8 @@ def loaded_versions(workers: list[dict[str, Any]], model: str) -> LoadedVersions
         found.children.add(wid)
         if worker.get("queue") == "online":
             found.online_children.add(wid)
+        if since is not None and (worker.get("versions_seen") or {}).get(model, 0.0) < since:
+            continue
         for version in (worker.get("versions") or {}).get(model, ()):
             found.by_version.setdefault(version, set()).add(wid)
         for key, error in (worker.get("version_errors") or {}).items():

@@ -44,6 +44,10 @@ class WorkerState:
     # "model@version" -> {"error", "changed_at"}: a version this child refused to load (checksum mismatch,
     # load error) for the deployment changed at `changed_at`; an older deployment's refusals are history.
     version_errors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # model -> the deployment change (its changed_at) the version keeper has acted on: `versions` is what
+    # this child holds after that change. A switch counts only children that have seen it, so a child
+    # that unloaded the old version just before a rollback is not taken as still holding it.
+    versions_seen: dict[str, float] = field(default_factory=dict)
 
     def as_json(self) -> str:
         return json.dumps({**self.__dict__, "pid": os.getpid(), "ts": time.time(), **_resources()})

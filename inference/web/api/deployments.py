@@ -70,7 +70,7 @@ def _answer(call, status: int = 200) -> Response:
     responses={200: _state, **_REFUSALS},
     summary="A model's deployment: active, target, previous and canary versions (staff)",
 )
-@api_view(["GET"])
+@api_view(["GET", "HEAD"])  # HEAD: monitors probe with it, as on every GET path
 @permission_classes([IsAdminUser, KeyScopes])  # KeyScopes: no API key may (accounts/scopes.py)
 def deployment(request: Request, name: str) -> Response:
     return _answer(lambda: deployments.current(name))
