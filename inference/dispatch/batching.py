@@ -18,6 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -63,7 +64,9 @@ class AdaptiveBatches(Batches):
         self._policy: FairDispatcher | None = None
         # Requests received and not yet wholly dispatched, by task id (their arrival time).
         self._received_at: dict[str, float] = {}
-        self._in_flight = 0
+        # Dispatches with the pool and not yet finished (their count is how many children are busy).
+        self._sent: dict[int, _Sent] = {}
+        self._next_token = 0
         self._wake: Any = None
         self._timer: Any = None
         self._unacked_queues: frozenset[str] = frozenset()
@@ -115,6 +118,7 @@ class AdaptiveBatches(Batches):
         self._unacked_queues = frozenset(name for name, queue in consumed.items() if queue.no_ack)
         self._max_held = consumer.initial_prefetch_count or 4 * self._children()
         self._gate = None
+        self._reclaim_discarded()  # a reconnect flushed the pool: see there
         self.on_consumer_ready(consumer)
 
         def on_message(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kw: Any) -> None:
@@ -205,7 +209,8 @@ class AdaptiveBatches(Batches):
             self.policy.add(self.work_for(request, self._received_at.get(request.id, now)))
         if self._closing:
             return
-        plan = self.policy.plan(self._children() - self._in_flight, self._children(), now)
+        self._reclaim_discarded()
+        plan = self.policy.plan(self._children() - len(self._sent), self._children(), now)
         for dispatch in plan.dispatches:
             self._send(dispatch, now)
         if plan.wake_in_s is not None and self._wake is None:
@@ -272,9 +277,63 @@ class AdaptiveBatches(Batches):
             self._received_at.pop(request.id, None)
         return item
 
+    def _reclaim_discarded(self) -> None:
+        """Take back dispatches the pool dropped without running them.
+
+        When the broker connection is lost, Celery's consumer flushes the pool (`AsynPool.flush`): a job
+        no child has accepted yet is discarded from the pool's cache and none of its callbacks ever runs.
+        Counted as busy forever, such a dispatch held a child's slot for good: with one child, the worker
+        never dispatched again after a Redis failover (every online call then ran out its deadline).
+        Its slot is free again. A job already written to a child's pipe is still run by that child,
+        which answers its callers itself (so it is not sent again). One that never left this process:
+        its online requests are dispatched again (their deadlines still hold); a slice of a request cut
+        over several dispatches is answered with an error, as when a child dies (the request's other
+        parts went to its caller); acks_late work (offline chunks) is left to the broker, which
+        redelivers what was never acknowledged.
+        """
+        for token, sent in list(self._sent.items()):
+            if not sent.discarded():
+                continue
+            del self._sent[token]
+            if getattr(sent.result, "_write_to", None) is not None:  # set by AsynPool once it writes the job
+                logger.warning(
+                    "the pool forgot a dispatch of %d requests when the broker connection was lost; it was "
+                    "already in a child's pipe, and that child runs it",
+                    len(sent.pieces),
+                )
+                continue
+            self._events.lost(sent.batch, "discarded by the pool when the broker connection was lost")
+            again, failed = [], []
+            for piece in sent.pieces:
+                request = piece.work.key
+                if request.task.acks_late:
+                    continue
+                if piece.whole:
+                    again.append(piece.work)
+                else:
+                    failed.append(piece)
+            for work in again:
+                work.next_text = 0
+                self._received_at.setdefault(work.key.id, work.arrived_s)
+                self.policy.add(work)
+            if failed:
+                reason = "the worker lost its broker connection before a child took this part; try again"
+                self.on_lost([self._simple(piece, time.time()) for piece in failed], reason)
+                for piece in failed:
+                    self.policy.discard(piece.work)
+                    self._received_at.pop(piece.work.key.id, None)
+            logger.warning(
+                "the pool discarded a dispatch of %d requests when the broker connection was lost: %d "
+                "dispatched again, %d answered with an error, %d left to the broker",
+                len(sent.pieces),
+                len(again),
+                len(failed),
+                len(sent.pieces) - len(again) - len(failed),
+            )
+
     def _send(self, pieces: list[Slice], now: float) -> None:
         simple = [self._simple(piece, now) for piece in pieces]
-        self._in_flight += 1
+        token = self._next_token = self._next_token + 1
         requests = [piece.work.key for piece in pieces]
         # Early-ack tasks (online: a caller with a deadline is answered, never redelivered) are acked
         # once a child has the batch (acknowledge() is idempotent, so a request sliced over several
@@ -290,14 +349,16 @@ class AdaptiveBatches(Batches):
                 request.acknowledge()
 
         def finished(result: Any) -> None:
-            self._in_flight -= 1
+            if self._sent.pop(token, None) is None:
+                return  # written off as discarded (see _reclaim_discarded)
             self._events.finished(batch, result)
             for request in late:
                 request.acknowledge()
             self._dispatch()
 
         def lost(exc: Any) -> None:
-            self._in_flight -= 1
+            if self._sent.pop(token, None) is None:
+                return
             self._events.lost(batch, exc)
             logger.error("a worker child died running %d requests: %r", len(simple), exc)
             self.on_lost(simple, f"the worker process died: {exc!r}")
@@ -310,7 +371,8 @@ class AdaptiveBatches(Batches):
                 self._received_at.pop(piece.work.key.id, None)
             self._dispatch()
 
-        self._pool.apply_async(
+        sent = self._sent[token] = _Sent(pieces, batch)
+        sent.result = self._pool.apply_async(
             apply_batch,
             (self, (simple,), 0, None),
             accept_callback=accepted,
@@ -318,6 +380,24 @@ class AdaptiveBatches(Batches):
             error_callback=lost,
             timeout=self.batch_time_limit_s,
         )
+
+
+@dataclass
+class _Sent:
+    """A dispatch handed to the pool: its slices, Flower's batch, and the pool's handle on the job."""
+
+    pieces: list[Slice]
+    batch: Any
+    result: Any = None  # billiard's ApplyResult (prefork); other pools may return None
+
+    def discarded(self) -> bool:
+        """Whether the pool dropped the job without running it: gone from the pool's job cache with no
+        result. (A finished job leaves the cache and runs its callback in one step of the event loop,
+        so one that left the cache without a result was discarded.)"""
+        cache = getattr(self.result, "_cache", None)
+        if cache is None or not hasattr(self.result, "_job"):
+            return False  # a pool this cannot see into: trust its callbacks
+        return self.result._job not in cache and not self.result.ready()
 
 
 class _LimitsOf:

@@ -329,7 +329,11 @@ def test_the_primary_dies_under_load_and_the_platform_follows_the_promoted_repli
         def answered_after_kill() -> Call | None:
             return next((c for c in load.calls if c.started > killed_at and c.status == 200), None)
 
-        first = wait_until(answered_after_kill, RECOVERY_LIMIT_S + 5, "a prediction answered after the kill")
+        try:
+            first = wait_until(answered_after_kill, RECOVERY_LIMIT_S + 5, "a prediction answered after the kill")
+        except TimeoutError:
+            codes = sorted({(c.status, c.code) for c in load.calls if c.started > killed_at})
+            pytest.fail(f"no prediction answered after the kill; answers: {codes}\n{stack.logs()}")
 
         def steady_for(seconds: float) -> bool:
             """Every call of the last `seconds` answered (and some were made)."""
