@@ -34,7 +34,8 @@ class Snapshot:
     queue_wait_p50_s: float | None = None
     batch_wait_p50_s: float | None = None
     pass_wait_p50_s: float | None = None
-    mean_batch_size: float | None = None
+    mean_batch_size: float | None = None  # texts per forward pass
+    mean_dispatch_size: float | None = None  # texts per dispatched batch (one or more passes)
     mean_fill: float | None = None
     # Answered (status 200) requests, one count per second of the window, oldest first.
     ok_series: list[float] = field(default_factory=list)
@@ -109,7 +110,8 @@ def summary(s: Snapshot) -> str:
         host = f", host CPU {s.host_cpu_pct:.0f}% load {s.host_load1 or 0:.1f} on {s.host_cores or '?'} cores"
     return (
         f"last {s.window_s} s: {s.requests_per_s:.1f} requests/s ({s.ok_per_s:.1f} ok), P50 {ms(s.p50_s)}, "
-        f"P99 {ms(s.p99_s)}, mean batch {s.mean_batch_size or 0:.2f}, online backlog "
+        f"P99 {ms(s.p99_s)}, mean pass {s.mean_batch_size or 0:.2f} texts"
+        f"{'' if s.mean_dispatch_size is None else f' (dispatch {s.mean_dispatch_size:.2f})'}, online backlog "
         f"{(s.online_backlog or [0])[-1]:.0f} ({s.online_in_flight:.0f} in a worker), "
         f"{s.online_workers_now} online children, busy {(s.busy_fraction or 0) * 100:.0f}%{host}"
     )
@@ -153,6 +155,7 @@ def from_seconds(seconds: list[dict[str, float]], window_s: int) -> Snapshot:
     s.batch_wait_p50_s = w.percentile_s("batch_wait", 50)
     s.pass_wait_p50_s = w.percentile_s("pass_wait", 50)
     s.mean_batch_size, s.mean_fill = w.mean_batch_size(), w.mean_fill()
+    s.mean_dispatch_size = w.mean_dispatch_size()
     s.ok_series = [sum(v for k, v in b.items() if k.startswith("req|") and k.endswith("|ok")) for b in seconds]
     for bucket in seconds:
         s.gauges.update({k: v for k, v in bucket.items() if k.startswith("gauge|")})

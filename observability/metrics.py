@@ -113,8 +113,14 @@ def version_fields(
 
 
 def batch_fields(model: str, sizes: Iterable[int], max_batch_size: int, inference_s: float) -> dict[str, float]:
-    """Counter increments for the forward passes of one dispatched online batch."""
+    """Counter increments for the forward passes of one dispatched online batch, and for the dispatch
+    itself: how many texts the dispatcher merged into it (its passes may be fewer texts each, cut by
+    length, max_padding_fraction; the diagnosis tells merging from cutting by the two)."""
+    sizes = list(sizes)
     fields: dict[str, float] = {f"infer_s|{model}": inference_s}
+    if sizes:
+        fields[f"dispatches|{model}"] = 1
+        fields[f"dispatch_texts|{model}"] = sum(sizes)
     for size in sizes:
         for key, value in (
             (f"bsize|{model}|{size_bucket(size)}", 1),
@@ -233,6 +239,12 @@ class Window:
         passes = sum(v for k, v in self.matching("passes|").items() if model is None or k.split("|")[1] == model)
         texts = sum(v for k, v in self.matching("pass_texts|").items() if model is None or k.split("|")[1] == model)
         return texts / passes if passes else None
+
+    def mean_dispatch_size(self, model: str | None = None) -> float | None:
+        """Texts per dispatched batch (None in a window recorded before dispatches were counted)."""
+        sent = sum(v for k, v in self.matching("dispatches|").items() if model is None or k.split("|")[1] == model)
+        texts = sum(v for k, v in self.matching("dispatch_texts|").items() if model is None or k.split("|")[1] == model)
+        return texts / sent if sent else None
 
     def versions(self) -> list[VersionFigures]:
         return version_figures(self.counters)

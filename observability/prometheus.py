@@ -157,6 +157,13 @@ class RedisMetricsCollector(Collector):
     def _simple_counters(self) -> Iterator[Metric]:
         for metric, help_text, prefix in (
             ("inference_worker_inference_seconds_total", "Time online workers spent in forward passes.", "infer_s|"),
+            ("inference_dispatches_total", "Batches the online dispatchers sent to a child.", "dispatches|"),
+            (
+                "inference_dispatch_texts_total",
+                "Texts in those batches (/ dispatches: texts merged per dispatch; a dispatch runs as one or "
+                "more passes cut by length).",
+                "dispatch_texts|",
+            ),
             ("offline_rows_total", "Rows processed by offline jobs.", "orows|"),
             ("offline_inference_seconds_total", "Time offline workers spent in forward passes.", "oinfer_s|"),
         ):

@@ -118,8 +118,8 @@ class AdaptiveBatches(Batches):
         self._unacked_queues = frozenset(name for name, queue in consumed.items() if queue.no_ack)
         self._max_held = consumer.initial_prefetch_count or 4 * self._children()
         self._gate = None
-        self._reclaim_discarded()  # a reconnect flushed the pool: see there
         self.on_consumer_ready(consumer)
+        self._after_reconnect()
 
         def on_message(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kw: Any) -> None:
             task_id = (message.headers or {}).get("id")
@@ -277,7 +277,13 @@ class AdaptiveBatches(Batches):
             self._received_at.pop(request.id, None)
         return item
 
-    def _reclaim_discarded(self) -> None:
+    def _after_reconnect(self) -> None:
+        """A reconnect flushed the pool (see `_reclaim_discarded`): what it dropped is dispatched again
+        now, not when the next message happens to arrive (its caller may be the only one waiting)."""
+        if self._reclaim_discarded() and self._timer is not None:
+            self._timer.call_after(0.0, self._dispatch)
+
+    def _reclaim_discarded(self) -> int:
         """Take back dispatches the pool dropped without running them.
 
         When the broker connection is lost, Celery's consumer flushes the pool (`AsynPool.flush`): a job
@@ -289,8 +295,9 @@ class AdaptiveBatches(Batches):
         its online requests are dispatched again (their deadlines still hold); a slice of a request cut
         over several dispatches is answered with an error, as when a child dies (the request's other
         parts went to its caller); acks_late work (offline chunks) is left to the broker, which
-        redelivers what was never acknowledged.
+        redelivers what was never acknowledged. Returns how many requests wait to be dispatched again.
         """
+        requeued = 0
         for token, sent in list(self._sent.items()):
             if not sent.discarded():
                 continue
@@ -316,6 +323,7 @@ class AdaptiveBatches(Batches):
                 work.next_text = 0
                 self._received_at.setdefault(work.key.id, work.arrived_s)
                 self.policy.add(work)
+            requeued += len(again)
             if failed:
                 reason = "the worker lost its broker connection before a child took this part; try again"
                 self.on_lost([self._simple(piece, time.time()) for piece in failed], reason)
@@ -330,6 +338,7 @@ class AdaptiveBatches(Batches):
                 len(failed),
                 len(sent.pieces) - len(again) - len(failed),
             )
+        return requeued
 
     def _send(self, pieces: list[Slice], now: float) -> None:
         simple = [self._simple(piece, now) for piece in pieces]

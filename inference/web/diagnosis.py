@@ -23,7 +23,7 @@ GROWTH_BLOCK_S = 5
 GROWTH_BLOCKS = 4
 BACKLOG_MIN = 5  # fewer requests waiting is no jam, whatever the trend
 STALL_S = 5  # requests waiting and none answered for this long: the backlog is not draining
-# Passes of this many texts or fewer on average count as "not filling" ...
+# Dispatches of this many texts or fewer on average count as "not filling" ...
 SMALL_PASS_TEXTS = 1.5
 # ... but only when requests waited longer than this many passes before theirs: otherwise each pass
 # took what was waiting, and small passes only mean little was waiting (a light or closed-loop load).
@@ -143,19 +143,23 @@ def compute_saturated(s: Snapshot) -> Finding | None:
 
 
 def batches_not_filling(s: Snapshot) -> Finding | None:
-    """Requests waited for several passes while passes held one text: dispatch is not merging them.
+    """Requests waited for several passes while dispatches held one text: dispatch is not merging them.
 
-    Small passes alone are no finding: under a light or closed-loop load each pass takes all that
+    Small batches alone are no finding: under a light or closed-loop load each dispatch takes all that
     waits, and what waits is one request (8 steady clients on 2 children fired the old rule).
     The wait counted is before a request's dispatch starts (queue_wait + batch_wait). The passes its
     own dispatch is cut into (max_padding_fraction) are pass_wait, and are not counted: a dispatch of
     8 texts of mixed lengths run as 5 passes is batching by length, and at a steady 8 clients it read as
-    "waited 3 passes" (issue 23).
+    "waited 3 passes" (issue 23). For the same reason the size that counts is the dispatch's, not the
+    pass's: a dispatch that merged 8 requests and runs them as passes of 1 or 2 texts is batching, and
+    more prefetch would change nothing. (A window recorded before dispatches were counted falls back
+    to the pass size.)
     """
     waited = [v for v in (s.queue_wait_p50_s, s.batch_wait_p50_s) if v is not None]
+    size = s.mean_dispatch_size if s.mean_dispatch_size is not None else s.mean_batch_size
     if (
-        s.mean_batch_size is None
-        or s.mean_batch_size > SMALL_PASS_TEXTS
+        size is None
+        or size > SMALL_PASS_TEXTS
         or not waited
         or not s.inference_p50_s
         or sum(waited) < WAITED_PASSES * s.inference_p50_s
@@ -166,7 +170,8 @@ def batches_not_filling(s: Snapshot) -> Finding | None:
         "batches not filling (window too short or prefetch too small)",
         f"requests waited {ms(sum(waited))} (P50, queue {ms(s.queue_wait_p50_s)} + buffer "
         f"{ms(s.batch_wait_p50_s)}), over {sum(waited) / s.inference_p50_s:.1f} passes of {ms(s.inference_p50_s)}, "
-        f"but passes hold {s.mean_batch_size:.2f} texts on average (fill {(s.mean_fill or 0) * 100:.0f}%)",
+        f"but {'dispatches' if s.mean_dispatch_size is not None else 'passes'} hold {size:.2f} texts on average "
+        f"(fill {(s.mean_fill or 0) * 100:.0f}%)",
         "raise the online worker's --prefetch-multiplier, or ONLINE_BATCH_WAIT_MS on a GPU",
     )
 

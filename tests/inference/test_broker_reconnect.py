@@ -84,7 +84,8 @@ def test_a_dispatch_dropped_by_a_broker_reconnect_does_not_stop_the_worker(own_s
         frozen.resume()
 
     caller.join(timeout=30)
-    # The thawed child still had the dispatch in its pipe and ran it: its caller has the answer.
+    # Its caller has the answer: the thawed child ran the dispatch still in its pipe, or, when the pool
+    # had not written it to the child yet, the worker dispatched it again at once after reconnecting.
     assert answer["response"].status_code == 200, answer["response"].text
     # And the worker dispatches again: before the fix, each of these ran out its deadline (504).
     for text in ["the app crashes at login", "I was charged twice", "refund my order"]:
@@ -93,8 +94,11 @@ def test_a_dispatch_dropped_by_a_broker_reconnect_does_not_stop_the_worker(own_s
     assert requests.get(f"{stack.url}/api/v1/ready", timeout=5).status_code == 200
     # What happened, as the worker's log tells an operator (and proof that this test made the case).
     logged = log.read_text()
-    assert "the pool forgot a dispatch of 1 requests when the broker connection was lost" in logged
-    assert "dispatched again" not in logged, "the child ran it: sending it again would compute it twice"
+    in_the_pipe = "the pool forgot a dispatch of 1 requests when the broker connection was lost" in logged
+    never_written = (
+        "the pool discarded a dispatch of 1 requests when the broker connection was lost: 1 dispatched again"
+    )
+    assert in_the_pipe != (never_written in logged), "exactly one of the two cases, and never both (a second run)"
     assert response.json()["outputs"][0]["label"]
 
 
@@ -175,6 +179,21 @@ def test_a_dispatch_that_never_reached_a_child_is_sent_again_once_the_pool_drops
     ((_, again),) = task._pool.jobs[1:]
     assert sorted(r.id for r in again) == ["a", "b", "c"], "sent again with what waited, in one dispatch"
     assert task.lost == []
+
+
+def test_after_a_reconnect_what_the_pool_dropped_is_dispatched_without_waiting_for_a_message(dispatcher):
+    # CI: the request taken back was only dispatched when the next message came, and its caller, the only
+    # one waiting, ran out its deadline first.
+    task = dispatcher
+    _queue(task, _Request("a", 1))
+    ((job, _),) = task._pool.jobs
+    job.discard()
+    later: list = []
+    task._timer = type("Timer", (), {"call_after": lambda self, s, fun: later.append(fun)})()
+    task._after_reconnect()
+    assert len(later) == 1 and len(task._pool.jobs) == 1
+    later[0]()
+    assert [sorted(r.id for r in sent) for _, sent in task._pool.jobs] == [["a"], ["a"]]
 
 
 def test_a_dropped_dispatch_in_a_childs_pipe_frees_the_slot_without_a_second_run(dispatcher):

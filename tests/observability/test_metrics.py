@@ -25,6 +25,9 @@ def test_batch_fields_count_passes_sizes_and_fill():
     assert fields["passes|router"] == 3 and fields["pass_texts|router"] == 9
     assert fields["fill|router"] == pytest.approx(0.5 + 0.5 + 0.125)
     assert fields[f"bsize|router|{metrics.size_bucket(4)}"] == 2
+    # One dispatch of 9 texts, run as those three passes.
+    assert fields["dispatches|router"] == 1 and fields["dispatch_texts|router"] == 9
+    assert "dispatches|router" not in metrics.batch_fields("router", [], max_batch_size=8, inference_s=0.0)
 
 
 def test_percentiles_interpolate_inside_buckets():

@@ -159,6 +159,21 @@ def test_waiting_behind_the_passes_of_its_own_dispatch_is_not_waiting_for_compan
     assert online.batches_not_filling(before) is not None
 
 
+def test_a_dispatch_that_merged_requests_is_batching_however_small_its_passes():
+    # Issue 23: at a steady 8 clients on 2 saturated CPU children, requests wait for a free child (batch_wait,
+    # several passes' worth), each dispatch merges several of them, and the length rule runs them as passes
+    # of 1 or 2 texts. More prefetch or a longer batch wait would change nothing: no finding.
+    saturated = healthy(
+        mean_batch_size=1.2, mean_dispatch_size=5.5, queue_wait_p50_s=0.001, batch_wait_p50_s=0.13, inference_p50_s=0.02
+    )
+    assert online.batches_not_filling(saturated) is None
+    # Dispatches of one text while requests waited that long: the dispatcher is not merging them.
+    found = online.batches_not_filling(
+        healthy(mean_batch_size=1.0, mean_dispatch_size=1.0, queue_wait_p50_s=0.12, inference_p50_s=0.02)
+    )
+    assert found is not None and "dispatches hold 1.00 texts" in found.evidence
+
+
 # many_refusals ----------------------------------------------------------------------------------
 
 
