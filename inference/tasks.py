@@ -95,6 +95,12 @@ def _per_model_queues(instance: Any, **_: Any) -> None:
     logger.info("consuming %s", ", ".join(names))
 
 
+@signals.celeryd_after_setup.connect  # connected after _per_model_queues: it needs the queues applied
+def _preload_models(**_: Any) -> None:
+    """Models loaded once in the main process, before the pool forks: children start with them."""
+    worker_process.preload()
+
+
 @signals.worker_process_init.connect
 def _load_models(**_: Any) -> None:
     worker_process.start()

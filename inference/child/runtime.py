@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from inference.child import cores
 from inference.core import gpu
 from inference.core.planning import plan_batches
 from inference.core.registry import ModelSpec
@@ -48,24 +49,36 @@ class Pass:
     size: int
 
 
-def load(specs: list[ModelSpec]) -> None:
-    """Load, then warm up, every model this child serves (specs may hold several versions of a model)."""
+def load(specs: list[ModelSpec], threads: int | None = None) -> None:
+    """Load, then warm up, every model this child serves (specs may hold several versions of a model).
+
+    A version already here is kept as it is: a child forked from a worker that preloaded its models
+    (`preload`) starts with them in memory and only loads what the deployment wants beyond them.
+    """
     import torch
 
     from inference.child.handlers import build_handler
 
-    threads = max(spec.torch_threads for spec in specs)
+    threads = threads or max(spec.torch_threads for spec in specs)
     torch.set_num_threads(threads)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     devices: list[str] = []
     defaults: set[str] = set()
     for spec in specs:
-        handler = load_one(spec, build_handler)
+        handler = _versions.get((spec.name, spec.version))
+        if handler is None or handler.spec != spec:
+            handler = load_one(spec, build_handler)
         if spec.name not in defaults:  # the first spec given of a model is its default version
             _handlers[spec.name] = handler
             defaults.add(spec.name)
         devices.append(str(getattr(handler, "device", "cpu")))  # identity has no weights: it runs on the CPU
     gpu.set_loaded(devices)
+
+
+def preloadable(specs: list[ModelSpec]) -> bool:
+    """Whether these models may be loaded before the pool forks: CPU ones only (CUDA does not survive a
+    fork; a GPU worker's children each load their own)."""
+    return bool(specs) and all(str(spec.device).startswith("cpu") for spec in specs)
 
 
 def load_one(spec: ModelSpec, build: Callable[[ModelSpec], Handler] | None = None) -> Handler:
@@ -87,6 +100,13 @@ def load_one(spec: ModelSpec, build: Callable[[ModelSpec], Handler] | None = Non
         time.perf_counter() - started,
     )
     return handler
+
+
+def unload_all() -> None:
+    """Forget every loaded model (a failed preload: the children load their own)."""
+    _versions.clear()
+    _handlers.clear()
+    _last_used.clear()
 
 
 def unload(model: str, version: str) -> None:
@@ -177,7 +197,8 @@ def run(
             planned.appendleft(group[limit:])
             group = group[:limit]
         start = time.time()
-        results = handler.forward([ids[i] for i in group])
+        with cores.around_pass(on_cpu=str(getattr(handler, "device", "cpu")).startswith("cpu")):
+            results = handler.forward([ids[i] for i in group])
         if len(results) != len(group):
             raise RuntimeError(f"{model}: handler returned {len(results)} outputs for {len(group)} inputs")
         done = Pass(start, time.time(), len(group))

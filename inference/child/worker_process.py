@@ -8,14 +8,15 @@ runs in prefork children only: never in the worker's parent nor in the web proce
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.conf import settings
 
-from inference.child import runtime, versions
+from inference.child import cores, runtime, versions
 from inference.core.queues import served_models
-from inference.core.registry import get_registry
+from inference.core.registry import Registry, get_registry
 from inference.core.workers import Heartbeat, WorkerState
 from platform_.celery import app, worker_role
 from platform_.redis import get_redis
@@ -25,10 +26,8 @@ state: WorkerState | None = None
 _heartbeat: Heartbeat | None = None
 
 
-def start() -> None:
-    """Load this child's models (with warm-up), then announce it."""
-    global state, _heartbeat
-    registry = get_registry()
+def _served(registry: Registry) -> list[str]:
+    """The models this worker serves: those of the queues it consumes, within WORKER_MODELS."""
     unknown = sorted(set(settings.WORKER_MODELS) - set(registry.names()))
     if unknown:
         raise RuntimeError(f"WORKER_MODELS names unknown models: {unknown}")
@@ -38,11 +37,51 @@ def start() -> None:
         raise RuntimeError(
             f"this worker consumes {sorted(consumed)}: no queue there carries a model of the models file"
         )
+    return names
+
+
+def preload() -> None:
+    """In the worker's main process, before the pool forks: load and warm this worker's models once.
+
+    Every child forked afterwards (the first ones, a replacement, one the autoscaler adds) starts with
+    them in memory, shared copy-on-write, and serves within about a second instead of importing torch
+    and loading for 7 to 13 s (issue 23, item 4). CPU models only (CUDA does not survive a fork), with
+    one intra-op thread here, so no OpenMP thread exists to be lost in the fork. A failure here is
+    logged and left to the children, which load their own as before and report it as before.
+    """
+    if not settings.INFERENCE_PRELOAD:
+        return
+    try:
+        registry = get_registry()
+        specs = versions.initial_specs(get_redis(), registry, _served(registry), {})
+        if not runtime.preloadable(specs):
+            logger.info("models not preloaded (a GPU model: each child loads its own)")
+            return
+        started = time.perf_counter()
+        runtime.load(specs, threads=1)
+    except Exception:
+        logger.exception("preloading the models failed; each worker child loads its own")
+        runtime.unload_all()
+        return
+    logger.info(
+        "preloaded %s in %.2f s: children start with them", runtime.loaded_versions(), time.perf_counter() - started
+    )
+
+
+def start() -> None:
+    """Load this child's models (with warm-up; what the main process preloaded is already here), then
+    announce it."""
+    global state, _heartbeat
+    registry = get_registry()
+    names = _served(registry)
     client = get_redis()
     errors: dict[str, dict] = {}
     # Every version the deployment wants (active, target, canary), verified, so a child started during a
     # swap or a canary serves all of them from its first request.
-    runtime.load(versions.initial_specs(client, registry, names, errors))
+    specs = versions.initial_specs(client, registry, names, errors)
+    runtime.load(specs)
+    # Idle cores lend their threads to a lone pass (issue 23, item 1).
+    cores.start(least=max(s.torch_threads for s in specs), most=settings.TORCH_MAX_THREADS)
     # Which queue this worker consumes (online or offline), shown on /models and the dashboard.
     state = WorkerState(
         queue=worker_role(), models=runtime.loaded(), versions=runtime.loaded_versions(), version_errors=errors
@@ -76,6 +115,7 @@ def busy() -> Iterator[None]:
 
 
 def stop() -> None:
+    cores.stop()
     if versions.keeper:
         versions.keeper.stop()
     if _heartbeat:

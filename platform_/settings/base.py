@@ -227,6 +227,13 @@ INFERENCE_MODELS_FILE = env.str("INFERENCE_MODELS_FILE", default=str(BASE_DIR / 
 INFERENCE_DEVICE = env.str("INFERENCE_DEVICE", default="cpu")
 # TORCH_THREADS: intra-op threads per worker child; children x threads should not exceed cores.
 TORCH_THREADS = env.int("TORCH_THREADS", default=1)
+# INFERENCE_PRELOAD: load a worker's CPU models in its main process before the pool forks, so every child
+# (a replacement, one the autoscaler adds) starts with them (copy-on-write) and serves within a second.
+INFERENCE_PRELOAD = env.bool("INFERENCE_PRELOAD", default=True)
+# TORCH_MAX_THREADS: most intra-op threads one CPU pass may take while other children of the host are idle
+# (inference/child/cores.py: the cores are shared among the children in a pass, never fewer than
+# TORCH_THREADS each). 0: the cores this process may run on; equal to TORCH_THREADS: fixed threads.
+TORCH_MAX_THREADS = env.int("TORCH_MAX_THREADS", default=0)
 # WORKER_MODELS: comma-separated model names a worker loads; empty means every registered model.
 WORKER_MODELS = env.list("WORKER_MODELS", default=[])
 

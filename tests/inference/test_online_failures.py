@@ -46,6 +46,8 @@ def test_a_child_killed_mid_batch_fails_its_callers_fast_instead_of_timing_out(s
         result["response"] = stack.predict("router", [long_text] * 16)  # 2,048 tokens: seconds on one CPU child
         result["elapsed"] = time.monotonic() - started
 
+    log = stack.log_dir / "online.log"
+    loads_before = log.read_text().count("loaded router version")
     cpu_before = cpu_seconds(child["pid"])
     caller = threading.Thread(target=call)
     caller.start()
@@ -67,9 +69,12 @@ def test_a_child_killed_mid_batch_fails_its_callers_fast_instead_of_timing_out(s
     assert response.status_code == 502, response.text
     assert "worker process died" in response.json()["detail"]
     assert result["elapsed"] < 8, "the caller heard at once, not after its 10 s deadline"
-    # The pool replaces the child; it loads its models and serves again.
+    # The pool replaces the child, which serves again: forked from a main process that preloaded the
+    # models (inference/child/worker_process.py, preload), it has them without loading them again.
     wait_until(lambda: any(c["pid"] != child["pid"] for c in stack.online_children()), 120, "a replacement child")
     assert stack.predict("router", ["the app crashes on start"]).status_code == 200
+    assert "preloaded" in log.read_text()
+    assert log.read_text().count("loaded router version") == loads_before, "the replacement loaded the model again"
 
 
 def test_an_answer_that_takes_longer_than_five_seconds_still_reaches_its_caller(stack):
