@@ -16,6 +16,7 @@ from inference.dispatch.batching import AdaptiveBatches
 from jobs import batches, callbacks, enqueue, retention
 from jobs.keys import RECONCILER
 from jobs.lifecycle import run_ingest
+from jobs.models import Chunk, ChunkStatus
 from jobs.reconcile import reconcile
 from jobs.runner import requeue_lost, run_chunks
 from platform_.celery import app, worker_role
@@ -39,6 +40,17 @@ class OfflineBatches(AdaptiveBatches):
 
     def on_lost(self, requests: list[Any], reason: str) -> None:
         requeue_lost([int(r.kwargs["chunk_id"]) for r in requests])
+
+    def ran_anyway(self, requests: list[Any]) -> list[Any]:
+        """The chunks a child claimed (AdaptiveBatches._settle_dropped, at shutdown): their messages are of no
+        more use (a claim needs a queued chunk; one left running by a dead child goes back to the scheduler
+        through the reconciler). The ones still queued keep their messages, which kombu restores."""
+        queued = set(
+            Chunk.objects.filter(
+                pk__in=[int(r.kwargs["chunk_id"]) for r in requests], status=ChunkStatus.QUEUED
+            ).values_list("pk", flat=True)
+        )
+        return [r for r in requests if int(r.kwargs["chunk_id"]) not in queued]
 
 
 # acks_late: a chunk's message is acknowledged after its batch ends, so a crash redelivers it.

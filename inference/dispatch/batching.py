@@ -227,8 +227,57 @@ class AdaptiveBatches(Batches):
                 logger.warning("could not record %d expired requests", len(expired), exc_info=True)
 
     def stop_dispatching(self) -> None:
-        """The worker is shutting down: batches still running finish, no new one starts."""
+        """The worker is shutting down: batches still running finish, no new one starts.
+
+        Also arranges for `_settle_dropped` to run once the pool has stopped: the worker's Hub step stops
+        (and closes the event loop, running its on_close callbacks) after the Pool step has joined the
+        children, and before the consumer's channel closes and kombu restores what is unacknowledged.
+        """
+        from kombu.asynchronous import get_event_loop
+
         self._closing = True
+        hub = get_event_loop()
+        if hub is not None:
+            hub.on_close.add(self._settle_dropped)
+
+    def ran_anyway(self, requests: list[Any]) -> list[Any]:
+        """Of these acks_late requests, in dispatches the pool dropped at shutdown, those whose work a child
+        took anyway: their messages are acknowledged instead of restored. By default none is known (kombu
+        restores them all)."""
+        return []
+
+    def _settle_dropped(self, *_: Any) -> None:
+        """Settle the acks_late messages of dispatches the pool never reported on (called as the event loop
+        closes at shutdown, after the pool's children have exited).
+
+        Celery's consumer flushes the pool as it stops (Consumer.on_close -> AsynPool.flush), and the flush
+        drops every job whose acceptance the main process has not read yet, with its callbacks. A job already
+        in a child's pipe is run by that child all the same: when the shutdown lands between a dispatch and
+        the child's acceptance, the child runs the batch to its end, `finished` never runs, its messages are
+        never acknowledged, and kombu restores them when the channel closes, as copies of work that is done
+        (issue 23: an offline chunk done on the stopping worker came back as a message). `ran_anyway` says
+        which of them a child took; their messages are acknowledged here (the event loop runs the acks as
+        it closes, before the channel does); the rest are left to kombu, which restores them.
+        """
+        dropped = [piece.work.key for sent in self._sent.values() for piece in sent.pieces]
+        self._sent.clear()
+        late = list({r.id: r for r in dropped if r.task.acks_late and not r.acknowledged}.values())
+        if not late:
+            return
+        try:
+            ran = self.ran_anyway(late)
+        except Exception:  # then kombu restores them all: a copy of done work is harmless, a lost message is not
+            logger.warning("could not tell which of %d dropped requests a child ran", len(late), exc_info=True)
+            return
+        for request in ran:
+            request.acknowledge()
+        logger.warning(
+            "the pool dropped dispatches of %d acks_late requests at shutdown: %d taken by a child anyway "
+            "(acknowledged), %d left to the broker",
+            len(late),
+            len(ran),
+            len(late) - len(ran),
+        )
 
     def hand_back(self, client: redis.Redis) -> int:
         """Put the requests this worker took from a no-ack queue but never started back at the head of
