@@ -113,13 +113,9 @@ def _ids(sent) -> list[str]:
     return sorted(r.id for r in sent)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_after_reconnect schedules a dispatch only when a never-written dispatch was requeued: a write-off of "
-    "a dispatch in a child's pipe frees the slot, but the request waiting behind it stays in the policy until "
-    "some other message arrives (a lone caller runs out its deadline, the CI case 6e15992 fixed for one branch)",
-)
 def test_a_request_waiting_behind_a_written_off_dispatch_is_dispatched_after_the_reconnect():
+    """Fixed: the dispatch in the child's pipe is kept (back in the pool's cache, its slot busy), and b,
+    waiting behind it, is dispatched when the child's result comes, with no other message needed."""
     task = _dispatcher(children=1)
     _queue(task, _Request("a"))
     ((job, _),) = task._pool.jobs
@@ -129,16 +125,13 @@ def test_a_request_waiting_behind_a_written_off_dispatch_is_dispatched_after_the
     task._pool.flush()  # the broker connection is lost
     task._after_reconnect()  # Strategy, on the new connection
     task._timer.run()
+    assert len(task._pool.jobs) == 1, "the child still runs a: b is not queued behind it"
+    task._pool.accept(job)  # the thawed child takes a and answers it
+    job._set(None, (True, None))
+    task._timer.run()
     assert [_ids(sent) for _, sent in task._pool.jobs] == [["a"], ["b"]]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a pool callback run inside AsynPool.flush (maintain_pool joins a dead child: its job's error callback "
-    "-> lost() -> _dispatch()) reclaims what the flush just discarded and sends it again into the outbound "
-    "buffer that the flush's `finally` clears: the new job stays in the cache, never written, never discarded, "
-    "so its request is never run and its slot is held for good (the bug 754d0b8 fixed, back by re-entrancy)",
-)
 def test_a_dispatch_sent_from_a_callback_inside_the_pool_flush_is_not_stranded():
     task = _dispatcher(children=2)
     _queue(task, _Request("x", 1))
@@ -160,12 +153,6 @@ def test_a_dispatch_sent_from_a_callback_inside_the_pool_flush_is_not_stranded()
     assert len(task._sent) <= len(live)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a written-off dispatch still in a child's pipe leaves the pool's cache for good: the child's ACK finds "
-    "no job, so batch_time_limit_s is never armed for it, and a child that dies running it reports nobody (its "
-    "callers wait out their deadlines); putting the job back in the cache would keep both",
-)
 def test_a_dispatch_left_to_the_child_keeps_the_pool_callbacks():
     task = _dispatcher(children=1)
     _queue(task, _Request("a"))
@@ -180,12 +167,6 @@ def test_a_dispatch_left_to_the_child_keeps_the_pool_callbacks():
 # -- the board of passes ------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="claim() takes the first free slot and leaves a stale slot that names its own pid (a dead child's, "
-    "pid reused): that slot's owner and busy words equal a live pid, so every pass counts one child too many, "
-    "passes always 'overlap', the host is never quiet and elastic threads are off for good",
-)
 def test_a_stale_slot_with_a_reused_pid_is_not_counted_as_a_busy_child(tmp_path):
     from inference.child.cores import Board
 
@@ -215,12 +196,6 @@ def test_a_board_is_shared_only_by_processes_that_see_the_same_file(tmp_path):
     assert len(second._owners) == SLOTS
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_reclaim_discarded calls on_lost (a Redis pipeline) unguarded, from Strategy (via _after_reconnect) and "
-    "from _dispatch (on_message): right after a failover that write can fail, and then the dispatch is already "
-    "forgotten, the rest of the sliced request stays queued and is sent, and the part's caller is never told",
-)
 def test_a_failed_error_reply_for_a_dropped_slice_does_not_break_the_reconnect():
     import redis
 

@@ -40,10 +40,14 @@ _WORD = 8  # bytes per slot field (int64)
 QUIET_S = 1.0
 
 
+# In the file's name: a board of another layout (an older or newer release on the same host) is another file.
+LAYOUT = 2
+
+
 def _board_path() -> Path:
     shm = Path("/dev/shm")
     folder = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    return folder / f"platform-passes-{os.getuid()}"
+    return folder / f"platform-passes-v{LAYOUT}-{os.getuid()}"
 
 
 def _alive(pid: int) -> bool:
@@ -56,11 +60,30 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _cgroup_cpus() -> float | None:
+    """The CPU quota of this process's cgroup in CPUs (a container's or pod's `limits.cpu`), if any."""
+    try:  # cgroup v2: "max 100000" or "200000 100000"
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        quota_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return None if quota_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
 def available_cores() -> int:
+    """The cores this process may use: its CPU affinity, capped by its cgroup's CPU quota (affinity alone
+    names every core of a Kubernetes node whatever the pod's limit)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpus()
+    return max(1, min(cores, int(quota))) if quota else cores
 
 
 class Board:
@@ -72,8 +95,12 @@ class Board:
         size = (2 * SLOTS + 1) * _WORD
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)  # zero-filled; a second child doing the same changes nothing
+            found = os.fstat(fd).st_size
+            if found not in (0, size):
+                raise OSError(f"{self.path} is {found} bytes, not a board of this layout ({size})")
+            # Blocks reserved now (zero-filled; a second child doing the same changes nothing): a write to a
+            # page of a sparse file on a full tmpfs would kill the child with SIGBUS mid-pass.
+            os.posix_fallocate(fd, 0, size)
             self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
@@ -86,14 +113,20 @@ class Board:
         pid = os.getpid()
         with open(self.path, "rb") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
+            free = []
             for slot in range(SLOTS):
                 owner = self._owners[slot]
+                # A dead child's slot, or one naming this pid (a dead child's, the pid since reused):
+                # cleared, or it would count as a child in a pass for good.
                 if owner == pid or owner == 0 or not _alive(owner):
                     self._busy[slot] = 0
-                    self._owners[slot] = pid
-                    self.slot = slot
-                    return slot
-        return None
+                    self._owners[slot] = 0
+                    free.append(slot)
+            if not free:
+                return None
+            self.slot = free[0]
+            self._owners[self.slot] = pid
+            return self.slot
 
     def release(self) -> None:
         if self.slot is not None and self._owners[self.slot] == os.getpid():
@@ -137,12 +170,17 @@ def share(busy: int, cores: int, least: int, most: int) -> int:
 
 
 class PassThreads:
-    """Sets torch's intra-op threads before each pass of a CPU model (see the module's docstring)."""
+    """Sets torch's intra-op threads before each pass of a CPU model (see the module's docstring).
 
-    def __init__(self, least: int, most: int, board: Board | None = None) -> None:
+    `elastic=False` (an offline child): the child is on the board, so online children see its passes,
+    but keeps its fixed threads. Throughput work gains nothing from a lone fast pass, and an offline
+    pass that took every core would slow an online pass that starts during it for the rest of it.
+    """
+
+    def __init__(self, least: int, most: int, board: Board | None = None, elastic: bool = True) -> None:
         self.cores = available_cores()
         self.least = max(1, least)
-        self.most = max(self.least, most or self.cores)
+        self.most = max(self.least, most or self.cores) if elastic else self.least
         self.board = board
         self.current = self.least
         self.last_share = self.least  # what the last pass ran with (tests and the heartbeat read it)
@@ -153,8 +191,12 @@ class PassThreads:
 
     @contextmanager
     def around_pass(self, on_cpu: bool = True) -> Iterator[None]:
-        if not (self.elastic and on_cpu):
+        if self.board is None or not on_cpu:
             yield
+            return
+        if not self.elastic:
+            with self.board.in_pass():  # counted, so elastic children see this pass
+                yield
             return
         import torch
 
@@ -170,8 +212,10 @@ class PassThreads:
 _threads: PassThreads | None = None
 
 
-def start(least: int, most: int) -> PassThreads:
-    """Called once at child start: claim a slot on the host's board (elastic threads) unless switched off."""
+def start(least: int, most: int, elastic: bool = True) -> PassThreads:
+    """Called once at child start: claim a slot on the host's board unless elastic threads are off
+    (TORCH_MAX_THREADS equal to TORCH_THREADS). A child that is not elastic (offline) still takes a
+    slot, so that its passes are counted."""
     global _threads
     most = most or available_cores()
     board = None
@@ -184,7 +228,7 @@ def start(least: int, most: int) -> PassThreads:
         except OSError as exc:
             logger.warning("no shared board of passes (%s): this child keeps %d intra-op threads", exc, least)
             board = None
-    _threads = PassThreads(least, most, board)
+    _threads = PassThreads(least, most, board, elastic)
     return _threads
 
 

@@ -59,6 +59,12 @@ def preload() -> None:
             return
         started = time.perf_counter()
         runtime.load(specs, threads=1)
+        import torch
+
+        # The fork is safe only while no OpenMP thread exists here (a parent that ran an op on 2 threads
+        # left its forked child hung in its first parallel op, torch 2.13 CPU, measured).
+        if torch.get_num_threads() != 1:
+            raise RuntimeError(f"the main process runs {torch.get_num_threads()} torch threads before the fork")
     except Exception:
         logger.exception("preloading the models failed; each worker child loads its own")
         runtime.unload_all()
@@ -80,8 +86,9 @@ def start() -> None:
     # swap or a canary serves all of them from its first request.
     specs = versions.initial_specs(client, registry, names, errors)
     runtime.load(specs)
-    # Idle cores lend their threads to a lone pass (issue 23, item 1).
-    cores.start(least=max(s.torch_threads for s in specs), most=settings.TORCH_MAX_THREADS)
+    # Idle cores lend their threads to a lone online pass (issue 23, item 1).
+    least = max(s.torch_threads for s in specs)
+    cores.start(least=least, most=settings.TORCH_MAX_THREADS, elastic=worker_role() == "online")
     # Which queue this worker consumes (online or offline), shown on /models and the dashboard.
     state = WorkerState(
         queue=worker_role(), models=runtime.loaded(), versions=runtime.loaded_versions(), version_errors=errors

@@ -73,6 +73,7 @@ class AdaptiveBatches(Batches):
         self._max_held = 0
         self._gate: Callable[[], bool] | None = None
         self._closing = False
+        self._dispatch_due = False
         self._bursting = False
         self._burst_supported = True
         self._events = BatchEvents(None, self)  # Flower's task events per batch, once the consumer exists
@@ -327,37 +328,64 @@ class AdaptiveBatches(Batches):
         return item
 
     def _after_reconnect(self) -> None:
-        """A reconnect flushed the pool (see `_reclaim_discarded`): what it dropped is dispatched again
-        now, not when the next message happens to arrive (its caller may be the only one waiting)."""
-        if self._reclaim_discarded() and self._timer is not None:
-            self._timer.call_after(0.0, self._dispatch)
+        """A reconnect flushed the pool (see `_reclaim_discarded`): dispatch now what it dropped and what
+        waits, not when the next message happens to arrive (a waiting caller may be the only one), and not
+        from inside the Strategy call."""
+        written_off = self._reclaim_discarded()
+        if written_off or len(self.policy):
+            self._dispatch_soon()
+
+    def _dispatch_soon(self) -> None:
+        """Dispatch on the event loop's next turn (at once when there is no loop yet).
+
+        The pool's callbacks (`finished`, `lost`) call this rather than `_dispatch`: AsynPool.flush runs
+        them while it is flushing (joining a dead child), and a dispatch sent from there would land in the
+        outbound buffer that the flush clears as it ends: that job would stay in the cache, never written
+        and never dropped, its requests never run and its slot held for good.
+        """
+        if self._timer is None:
+            self._dispatch()
+            return
+        if not self._dispatch_due:
+            self._dispatch_due = True
+            self._timer.call_after(0.0, self._dispatch_now)
+
+    def _dispatch_now(self) -> None:
+        self._dispatch_due = False
+        self._dispatch()
 
     def _reclaim_discarded(self) -> int:
-        """Take back dispatches the pool dropped without running them.
+        """Take back dispatches the pool dropped without running them; returns how many it wrote off.
 
         When the broker connection is lost, Celery's consumer flushes the pool (`AsynPool.flush`): a job
         no child has accepted yet is discarded from the pool's cache and none of its callbacks ever runs.
         Counted as busy forever, such a dispatch held a child's slot for good: with one child, the worker
         never dispatched again after a Redis failover (every online call then ran out its deadline).
-        Its slot is free again. A job already written to a child's pipe is still run by that child,
-        which answers its callers itself (so it is not sent again). One that never left this process:
-        its online requests are dispatched again (their deadlines still hold); a slice of a request cut
-        over several dispatches is answered with an error, as when a child dies (the request's other
-        parts went to its caller); acks_late work (offline chunks) is left to the broker, which
-        redelivers what was never acknowledged. Returns how many requests wait to be dispatched again.
+
+        - A job already written to a live child's pipe is run by that child: it is put back in the
+          pool's cache, so the child's acceptance and result (or its death) reach the dispatcher as for
+          any job, with the batch time limit armed, and its slot stays busy until then.
+        - One that never reached a child (or whose child died): its online requests are dispatched again
+          (their deadlines still hold); a slice of a request cut over several dispatches is answered with
+          an error, as when a child dies (the request's other parts went to its caller); acks_late work
+          (offline chunks) is left to the broker, which redelivers what was never acknowledged.
         """
-        requeued = 0
+        written_off = 0
         for token, sent in list(self._sent.items()):
             if not sent.discarded():
                 continue
-            del self._sent[token]
-            if getattr(sent.result, "_write_to", None) is not None:  # set by AsynPool once it writes the job
+            child = getattr(sent.result, "_write_to", None)  # set by AsynPool as it writes the job
+            is_alive = getattr(child, "_is_alive", None)
+            if child is not None and (is_alive is None or is_alive()):
+                sent.result._cache[sent.result._job] = sent.result
                 logger.warning(
-                    "the pool forgot a dispatch of %d requests when the broker connection was lost; it was "
-                    "already in a child's pipe, and that child runs it",
+                    "the pool dropped a dispatch of %d requests when the broker connection was lost; it is in "
+                    "a child's pipe and that child runs it: kept",
                     len(sent.pieces),
                 )
                 continue
+            del self._sent[token]
+            written_off += 1
             self._events.lost(sent.batch, "discarded by the pool when the broker connection was lost")
             again, failed = [], []
             for piece in sent.pieces:
@@ -372,13 +400,16 @@ class AdaptiveBatches(Batches):
                 work.next_text = 0
                 self._received_at.setdefault(work.key.id, work.arrived_s)
                 self.policy.add(work)
-            requeued += len(again)
             if failed:
-                reason = "the worker lost its broker connection before a child took this part; try again"
-                self.on_lost([self._simple(piece, time.time()) for piece in failed], reason)
-                for piece in failed:
+                simple = [self._simple(piece, time.time()) for piece in failed]
+                for piece in failed:  # forgotten first: a failed reply must not leave the rest queued
                     self.policy.discard(piece.work)
                     self._received_at.pop(piece.work.key.id, None)
+                reason = "the worker lost its broker connection before a child took this part; try again"
+                try:
+                    self.on_lost(simple, reason)
+                except Exception:  # right after a failover Redis may not answer yet: the callers time out
+                    logger.warning("could not answer %d dropped parts", len(failed), exc_info=True)
             logger.warning(
                 "the pool discarded a dispatch of %d requests when the broker connection was lost: %d "
                 "dispatched again, %d answered with an error, %d left to the broker",
@@ -387,7 +418,7 @@ class AdaptiveBatches(Batches):
                 len(failed),
                 len(sent.pieces) - len(again) - len(failed),
             )
-        return requeued
+        return written_off
 
     def _send(self, pieces: list[Slice], now: float) -> None:
         simple = [self._simple(piece, now) for piece in pieces]
@@ -412,7 +443,7 @@ class AdaptiveBatches(Batches):
             self._events.finished(batch, result)
             for request in late:
                 request.acknowledge()
-            self._dispatch()
+            self._dispatch_soon()
 
         def lost(exc: Any) -> None:
             if self._sent.pop(token, None) is None:
@@ -427,7 +458,7 @@ class AdaptiveBatches(Batches):
             for piece in pieces:  # what is left of a sliced request: its caller has its error already
                 self.policy.discard(piece.work)
                 self._received_at.pop(piece.work.key.id, None)
-            self._dispatch()
+            self._dispatch_soon()
 
         sent = self._sent[token] = _Sent(pieces, batch)
         sent.result = self._pool.apply_async(

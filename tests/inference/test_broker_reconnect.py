@@ -13,6 +13,7 @@ connections to Redis are closed by the server (CLIENT KILL), and the child is th
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -94,7 +95,7 @@ def test_a_dispatch_dropped_by_a_broker_reconnect_does_not_stop_the_worker(own_s
     assert requests.get(f"{stack.url}/api/v1/ready", timeout=5).status_code == 200
     # What happened, as the worker's log tells an operator (and proof that this test made the case).
     logged = log.read_text()
-    in_the_pipe = "the pool forgot a dispatch of 1 requests when the broker connection was lost" in logged
+    in_the_pipe = "it is in a child's pipe and that child runs it: kept" in logged
     never_written = (
         "the pool discarded a dispatch of 1 requests when the broker connection was lost: 1 dispatched again"
     )
@@ -126,7 +127,6 @@ class _Request:
     """What the dispatcher reads of a Celery request."""
 
     def __init__(self, request_id: str, texts: int, *, late: bool = False) -> None:
-        from types import SimpleNamespace
 
         self.id = request_id
         self.name = "inference.predict_online"
@@ -196,14 +196,28 @@ def test_after_a_reconnect_what_the_pool_dropped_is_dispatched_without_waiting_f
     assert [sorted(r.id for r in sent) for _, sent in task._pool.jobs] == [["a"], ["a"]]
 
 
-def test_a_dropped_dispatch_in_a_childs_pipe_frees_the_slot_without_a_second_run(dispatcher):
+def test_a_dropped_dispatch_in_a_childs_pipe_is_kept_and_run_once(dispatcher):
     task = dispatcher
     _queue(task, _Request("a", 1))
     ((job, _),) = task._pool.jobs
-    job._write_to = object()  # AsynPool wrote it to a child's pipe: that child still runs it
+    job._write_to = SimpleNamespace(_is_alive=lambda: True)  # AsynPool wrote it to a live child's pipe
     job.discard()
     _queue(task, _Request("b", 1))
+    assert job._job in task._pool.cache, "back in the pool's cache: the child's ACK and result reach it"
+    assert [sorted(r.id for r in sent) for _, sent in task._pool.jobs] == [["a"]], "b waits: the child runs a"
+    job._accepted = True
+    job._set(None, (True, None))
     assert [sorted(r.id for r in sent) for _, sent in task._pool.jobs] == [["a"], ["b"]]
+
+
+def test_a_dropped_dispatch_whose_child_died_is_sent_again(dispatcher):
+    task = dispatcher
+    _queue(task, _Request("a", 1))
+    ((job, _),) = task._pool.jobs
+    job._write_to = SimpleNamespace(_is_alive=lambda: False)
+    job.discard()
+    task._dispatch()
+    assert [sorted(r.id for r in sent) for _, sent in task._pool.jobs] == [["a"], ["a"]]
 
 
 def test_a_dropped_offline_chunk_is_left_to_the_broker_and_a_running_dispatch_is_kept(dispatcher):

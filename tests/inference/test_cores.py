@@ -121,3 +121,32 @@ def test_after_two_passes_overlapped_a_lone_pass_keeps_its_fixed_threads_for_a_w
         leave.set()
         other.join(30)
         torch.set_num_threads(before)
+
+
+def test_an_offline_child_is_counted_on_the_board_but_keeps_its_threads(tmp_path):
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    path = tmp_path / "board"
+    offline_board, online_board = Board(path), Board(path)
+    offline_board.claim()
+    offline = PassThreads(least=1, most=2, board=offline_board, elastic=False)
+    offline.cores = 2
+    torch.set_num_threads(1)
+    try:
+        with offline.around_pass():
+            assert torch.get_num_threads() == 1, "offline work gains nothing from a lone fast pass"
+            assert online_board.busy_children() == 1, "but an online child sees it in a pass"
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_cores_of_a_container_are_its_cpu_quota_not_the_nodes(monkeypatch):
+    from inference.child import cores
+
+    monkeypatch.setattr(cores.os, "sched_getaffinity", lambda pid: set(range(32)))
+    monkeypatch.setattr(cores, "_cgroup_cpus", lambda: 2.0)
+    assert cores.available_cores() == 2
+    monkeypatch.setattr(cores, "_cgroup_cpus", lambda: 0.5)
+    assert cores.available_cores() == 1
+    monkeypatch.setattr(cores, "_cgroup_cpus", lambda: None)
+    assert cores.available_cores() == 32
