@@ -23,6 +23,10 @@ from collections.abc import Callable as _Callable
 from typing import Any as _Any
 
 inspect_timeout = 3000.0  # ms
+# Tasks Flower keeps in memory (its default, 100,000, is never reached in a short run and grows it for
+# hours: each dispatched batch is one task here). The 30-minute soak (docs/benchmarks.md) saw Flower
+# go from 113 to 321 MB at about 40 batches/s, the only process of the platform that kept growing.
+max_tasks = 10000
 
 _logger = _logging.getLogger("flowerconfig")
 

@@ -10,11 +10,13 @@ of issue 12 are checked twice: the old rule fires on the window, the new verdict
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from inference.core.keys import WORKERS_KEY, rate_key
+from inference.web import diagnosis as online
 from observability.diagnosis import Snapshot, diagnose, snapshot
 from observability.keys import second_key
 
@@ -114,3 +116,18 @@ def test_a_saturated_host_is_not_called_a_lock(client):
     assert set(map(tuple, found.values())) == {tuple(data["expect"]["findings"])}
     last = snaps[max(snaps)]
     assert last.busy_fraction == pytest.approx(0.31, abs=0.02) and last.host_load1 > last.host_cores
+
+
+def test_a_recorded_steady_8_client_window_is_not_batches_not_filling(client):
+    """Issue 23, item 6, on a window the platform measured (benchmarks/record_window.py, `make run`, 8 closed-
+    loop clients on 2 CPU children): the children are saturated, requests wait in the worker for a free
+    child, and each dispatch merges several requests that the length rule runs as passes of one or two
+    texts. The rule as it was (pass size) named that "batches not filling"; by dispatch size it does not."""
+    data, snaps, found = verdicts(client, "recorded_steady_8_clients")
+    assert data["source"].startswith("recorded by benchmarks/record_window.py")
+    last = snaps[max(snaps)]
+    assert last.refusals_per_s == {} and last.timeouts_per_s == 0 and last.ok_per_s > 30
+    assert last.mean_batch_size <= 1.5 < last.mean_dispatch_size, (last.mean_batch_size, last.mean_dispatch_size)
+    by_pass = replace(last, mean_dispatch_size=None)  # the same figures read by pass, as the rule did
+    assert online.batches_not_filling(by_pass) is not None
+    assert not any("batches_not_filling" in rules for rules in found.values()), found
