@@ -399,6 +399,38 @@ def running_stack(
             _stop(proc)
 
 
+@contextmanager
+def private_stack(
+    name: str,
+    django_db_blocker,
+    models_file: Path,
+    tmp_path_factory,
+    *,
+    offline_models: str = "router",
+    extra_env: dict[str, str] | None = None,
+) -> Iterator[Stack]:
+    """A stack on a redis-server of its own (a test that cuts or inspects its broker touches no other
+    test's), sharing the session's database; stopped on exit."""
+    tokens = make_test_users(django_db_blocker)
+    with django_db_blocker.unblock():
+        db_url = database_url()
+    server, url = start_redis(tmp_path_factory.mktemp(f"{name}-redis"))
+    try:
+        with running_stack(
+            db_url=db_url,
+            redis_url=url,
+            models_file=models_file,
+            log_dir=tmp_path_factory.mktemp(f"{name}-logs"),
+            tokens=tokens,
+            offline_models=offline_models,
+            extra_env=extra_env,
+        ) as running:
+            yield running
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
 @pytest.fixture(scope="session")
 def stack(
     django_db_setup, django_db_blocker, redis_url, redis_client, models_file, tmp_path_factory

@@ -21,30 +21,15 @@ import redis
 import requests
 
 from inference.core.keys import backlog_key
-from tests.conftest import database_url, make_test_users, running_stack, start_redis, wait_until
+from tests.conftest import private_stack, wait_until
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def own_stack(django_db_setup, django_db_blocker, models_file, tmp_path_factory):
-    tokens = make_test_users(django_db_blocker)
-    with django_db_blocker.unblock():
-        db_url = database_url()
-    server, url = start_redis(tmp_path_factory.mktemp("reconnect-redis"))
-    try:
-        with running_stack(
-            db_url=db_url,
-            redis_url=url,
-            models_file=models_file,
-            log_dir=tmp_path_factory.mktemp("reconnect-logs"),
-            tokens=tokens,
-            offline_models="router",
-        ) as stack:
-            yield stack
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    with private_stack("reconnect", django_db_blocker, models_file, tmp_path_factory) as stack:
+        yield stack
 
 
 def _cut_redis_connections_of(pid: int, client: redis.Redis) -> int:

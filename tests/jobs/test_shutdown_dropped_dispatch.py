@@ -33,7 +33,7 @@ import psutil
 import pytest
 import requests
 
-from tests.conftest import database_url, make_test_users, running_stack, start_redis, wait_until
+from tests.conftest import private_stack, wait_until
 from tests.jobs.test_jobs_api import make_csv, upload
 
 CHUNK_ROWS = 10
@@ -49,24 +49,8 @@ EXTRA_ENV = {
 
 @pytest.fixture(scope="module")
 def own_stack(django_db_setup, django_db_blocker, models_file, tmp_path_factory):
-    tokens = make_test_users(django_db_blocker)
-    with django_db_blocker.unblock():
-        db_url = database_url()
-    server, url = start_redis(tmp_path_factory.mktemp("dropped-redis"))
-    try:
-        with running_stack(
-            db_url=db_url,
-            redis_url=url,
-            models_file=models_file,
-            log_dir=tmp_path_factory.mktemp("dropped-logs"),
-            tokens=tokens,
-            offline_models="router",
-            extra_env=EXTRA_ENV,
-        ) as stack:
-            yield stack
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    with private_stack("dropped", django_db_blocker, models_file, tmp_path_factory, extra_env=EXTRA_ENV) as stack:
+        yield stack
 
 
 def pipe_bytes(pid: int) -> dict[str, int]:
