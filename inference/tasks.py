@@ -62,7 +62,9 @@ class OnlineBatches(AdaptiveBatches):
             record_batch(get_redis(), model, done=0, texts=0, busy_s=0.0, expired=len(group), batch=False)
 
 
-@app.task(base=OnlineBatches, name="inference.predict_online", ignore_result=True)
+@app.task(
+    base=OnlineBatches, name="inference.predict_online", ignore_result=True, send_events=settings.ONLINE_TASK_EVENTS
+)
 def predict_online(requests: list[Any]) -> None:
     with worker_process.busy():
         serve_online(requests, get_redis(), worker_process.state)

@@ -180,6 +180,11 @@ OFFLINE_TIME_LIMIT_S = env.int("OFFLINE_TIME_LIMIT_S", default=30 * 60)
 OFFLINE_NICE = env.int("OFFLINE_NICE", default=19)
 # ONLINE_TIME_LIMIT_S: hard limit for one online batch; the deadline normally ends a request first.
 ONLINE_TIME_LIMIT_S = env.int("ONLINE_TIME_LIMIT_S", default=30)
+# ONLINE_TASK_EVENTS: report each dispatched online batch to Flower as a task (inference/dispatch/events.py).
+# Off by default: at a few hundred batches a second Flower spent 11% of a core and grew without bound
+# parsing them, for a task list nobody can read at that rate (docs/benchmarks.md, issue 23). Workers,
+# queues, offline chunks and uploads are reported either way; per-request figures are on the dashboard.
+ONLINE_TASK_EVENTS = env.bool("ONLINE_TASK_EVENTS", default=False)
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL
