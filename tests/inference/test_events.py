@@ -274,8 +274,7 @@ def test_online_task_events_setting_decides_whether_online_batches_are_reported(
     if value is not None:
         env["ONLINE_TASK_EVENTS"] = value
     code = (
-        "import django; django.setup(); from inference.tasks import predict_online; "
-        "print(predict_online.send_events)"
+        "import django; django.setup(); from inference.tasks import predict_online; print(predict_online.send_events)"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
