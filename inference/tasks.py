@@ -9,12 +9,12 @@ from celery import signals
 from django.conf import settings
 
 from inference.child import worker_process
-from inference.child.serving import part_of, serve_online
+from inference.child.serving import serve_online
 from inference.core.backlog import queue_release
 from inference.core.planning import group_by
 from inference.core.queues import apply_to_worker
 from inference.core.registry import get_registry
-from inference.core.replies import queue_replies
+from inference.core.replies import queue_replies, route_of
 from inference.core.workers import record_batch
 from inference.dispatch.batching import AdaptiveBatches
 from inference.dispatch.fair import Limits, Work
@@ -52,7 +52,7 @@ class OnlineBatches(AdaptiveBatches):
 
     def on_lost(self, requests: list[Any], reason: str) -> None:
         pipe = get_redis().pipeline(transaction=False)
-        queue_replies(pipe, {r.id: {"ok": False, "error": reason, **part_of(r)} for r in requests})
+        queue_replies(pipe, {r.id: {"ok": False, "error": reason, **route_of(r)} for r in requests})
         for model, group in group_by(requests, lambda r: r.kwargs["model"]).items():
             queue_release(pipe, model, [r.id for r in group])
         pipe.execute()

@@ -130,12 +130,11 @@ def new_redis(*, retries: int = _WEB_RETRIES, **options: Any) -> redis.Redis:
 
 def get_async_redis(*, waits: bool = False) -> aredis.Redis:
     """The async client of the running event loop (uvicorn runs one loop per process); `waits=True`
-    for the one that waits on replies (BLPOP).
+    for the one that waits on replies (the inbox listener's BLPOP, inference/web/inbox.py).
 
-    Each waiting predict call holds one pooled connection in BLPOP, so the pool is sized for the
-    web tier's concurrency, not for its CPU count. That BLPOP lasts up to the request's deadline, so the
-    read timeout must be longer than the longest deadline: redis-py's default of 5 s turned every answer
-    slower than that into a 503 while it was on its way. Connecting keeps a short timeout.
+    The read timeout is longer than the longest deadline: when each request BLPOPed its own answer,
+    redis-py's default of 5 s turned every answer slower than that into a 503 while it was on its way,
+    and other blocking reads may wait as long. Connecting keeps a short timeout.
 
     With sentinels, every other command goes through a second client whose read timeout is
     REDIS_SOCKET_TIMEOUT_S: a primary that froze, or whose host dropped off the network, closes no

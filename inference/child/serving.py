@@ -17,7 +17,7 @@ from django.conf import settings
 from inference.child import runtime
 from inference.core.backlog import queue_release
 from inference.core.planning import group_by
-from inference.core.replies import queue_replies
+from inference.core.replies import queue_replies, route_of
 from inference.core.workers import WorkerState, record_batch
 
 logger = logging.getLogger(__name__)
@@ -49,12 +49,6 @@ def serve_online(requests: list[Any], client: redis.Redis, state: WorkerState | 
     """
     for (model, version), group in group_by(requests, lambda r: (r.kwargs["model"], r.kwargs.get("version"))).items():
         _serve_model(model, group, client, state, version)
-
-
-def part_of(request: Any) -> dict[str, Any]:
-    """The `part` field a reply to a slice of a request carries (see inference/dispatch/fair.py)."""
-    part = request.kwargs.get("part")
-    return {"part": part} if part else {}
 
 
 def _is_last_part(request: Any) -> bool:
@@ -123,7 +117,7 @@ class _Answers:
             self._add(request, {"ok": False, "error": error, "code": code, "worker": self.worker})
 
     def _add(self, request: Any, reply: dict[str, Any]) -> None:
-        self._replies[request.id] = {**reply, **part_of(request)}
+        self._replies[request.id] = {**reply, **route_of(request)}
         if _is_last_part(request):
             self._finished.append(request.id)
 

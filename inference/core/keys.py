@@ -50,5 +50,10 @@ def backlog_keys(model: str) -> list[str]:
 
 
 def reply_key(task_id: str) -> str:
-    """The list a worker pushes an online request's answer to, and its caller BLPOPs."""
+    """The list a worker pushes the answer to a request that names no inbox (one published by hand)."""
     return f"inference:reply:{task_id}"
+
+
+def inbox_key(owner: str) -> str:
+    """The list a worker pushes the answers to one web process's requests to (inference/web/inbox.py)."""
+    return f"inference:inbox:{owner}"

@@ -1,44 +1,65 @@
-"""The reply channel of online requests: a worker pushes one JSON answer to a per-request Redis list.
+"""The reply channel of online requests: a worker pushes JSON answers to Redis lists.
 
-Why not Celery's result backend: waiting on it means its pub/sub result consumer, shared by every
-waiting request of a web process. A list per request lets each caller BLPOP on its own key, an
-answer that arrives before the caller starts waiting is not lost, and the key expires by itself.
+A request's message names its web process's inbox (`reply_to`, inference/web/inbox.py): the worker pushes
+the answer there with the request's id, and one listener per web process hands it to the waiting caller.
+Before, each waiting caller BLPOPed a list of its own: a pooled Redis connection held per waiting request
+(WEB_REDIS_MAX_CONNECTIONS bounded a process's concurrency) and a command per request. A message without
+`reply_to` (one published by hand, as tests do) is answered on its own list, `reply_key(id)`.
+
+Why not Celery's result backend: waiting on it means its pub/sub result consumer, where an answer that
+arrives while no one listens is lost; a list keeps it until it is read, and expires by itself.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis
-import redis.asyncio as aredis
 
 from inference.core.keys import reply_key
 
 REPLY_TTL_S = 60
 
 
+def route_of(request: Any) -> dict[str, Any]:
+    """The fields a reply to `request` carries for `queue_replies`: the slice it answers (`part`, see
+    inference/dispatch/fair.py) and where it goes (`reply_to`, taken off before it is written)."""
+    fields = {}
+    if part := request.kwargs.get("part"):
+        fields["part"] = part
+    if inbox := request.kwargs.get("reply_to"):
+        fields["reply_to"] = inbox
+    return fields
+
+
 def queue_replies(pipe: redis.client.Pipeline, replies: dict[str, dict[str, Any]]) -> None:
-    """Queue answers for many requests on a pipeline (executed by the caller, with whatever else it writes)."""
+    """Queue answers for many requests on a pipeline (executed by the caller, with whatever else it writes):
+    one RPUSH per inbox for all its answers, or a list of its own for an answer whose request named none."""
+    by_inbox: dict[str, list[str]] = {}
     for task_id, payload in replies.items():
-        key = reply_key(task_id)
-        pipe.rpush(key, json.dumps(payload, separators=(",", ":")))
-        pipe.expire(key, REPLY_TTL_S)
+        inbox = payload.get("reply_to")
+        if inbox:
+            body = {k: v for k, v in payload.items() if k != "reply_to"}
+            body["id"] = task_id
+            by_inbox.setdefault(inbox, []).append(json.dumps(body, separators=(",", ":")))
+        else:
+            key = reply_key(task_id)
+            pipe.rpush(key, json.dumps(payload, separators=(",", ":")))
+            pipe.expire(key, REPLY_TTL_S)
+    for inbox, bodies in by_inbox.items():
+        pipe.rpush(inbox, *bodies)
+        pipe.expire(inbox, REPLY_TTL_S)  # a web process that died leaves nothing behind for long
 
 
-async def wait_reply(client: aredis.Redis, task_id: str, timeout_s: float) -> dict[str, Any] | None:
-    """The answer, or None when none came within timeout_s."""
-    if timeout_s <= 0:
-        return None
-    # BLPOP's timeout has millisecond resolution; 0 would mean forever.
-    item = await client.blpop([reply_key(task_id)], timeout=max(timeout_s, 0.001))
-    return None if item is None else json.loads(item[1])
-
-
-async def gather_reply(client: aredis.Redis, task_id: str, texts: int, deadline: float) -> dict[str, Any] | None:
+async def gather_reply(
+    next_reply: Callable[[float], Awaitable[dict[str, Any] | None]], texts: int, deadline: float
+) -> dict[str, Any] | None:
     """The whole answer for a request of `texts` texts, which the dispatcher may have cut into parts
     (each reply then carries `part: [start, end, total]`); None when it is not complete by `deadline`.
+    `next_reply(timeout_s)` is the request's next reply, None when none came in time.
 
     The first failed part is the answer: the caller gets that error, not a partial result.
     """
@@ -47,7 +68,8 @@ async def gather_reply(client: aredis.Redis, task_id: str, texts: int, deadline:
     covered = 0
     merged: dict[str, Any] | None = None
     while covered < texts:
-        reply = await wait_reply(client, task_id, deadline - time.time())
+        remaining_s = deadline - time.time()
+        reply = await next_reply(remaining_s) if remaining_s > 0 else None
         if reply is None or not reply["ok"]:
             return reply
         start, end, _ = reply.get("part") or (0, texts, texts)

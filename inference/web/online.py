@@ -21,6 +21,7 @@ from inference.core.task_io import input_chars
 from inference.core.tokens import token_counts
 from inference.web import observe, versions
 from inference.web.admission import Admission, Decision
+from inference.web.inbox import get_inbox
 from inference.web.publish import task_message
 from platform_.redis import get_async_redis
 
@@ -144,67 +145,73 @@ async def predict(
     priced = get_registry().version_spec(spec.name, version) or spec
     tokens = await _count_tokens(priced, texts, admission, deadline)
     task_id = uuid.uuid4().hex
-    admit_start = time.time()
-    kwargs = {
-        "model": spec.name,
-        "inputs": texts,
-        "tokens": tokens,
-        "client": client,
-        "deadline": deadline,
-        "enqueued_at": admit_start,
-        "request_id": request_id,
-        "version": version,
-    }
-    # Admitted and queued in one round trip (the message is built first, and wasted when refused).
+    inbox = get_inbox()
+    # Expected before it is published: its answer cannot come before anyone listens for it.
+    answers = inbox.expect(task_id, get_async_redis(waits=True))
     try:
-        decision = await admission.admit(
-            spec,
-            task_id,
-            deadline,
-            cost=price(tokens),
-            client=client,
-            client_key=client_key,
-            message=task_message(task_id, spec.online_queue, kwargs),
-            queue=spec.online_queue,
+        admit_start = time.time()
+        kwargs = {
+            "model": spec.name,
+            "inputs": texts,
+            "tokens": tokens,
+            "client": client,
+            "deadline": deadline,
+            "enqueued_at": admit_start,
+            "request_id": request_id,
+            "version": version,
+            "reply_to": inbox.key,
+        }
+        # Admitted and queued in one round trip (the message is built first, and wasted when refused).
+        try:
+            decision = await admission.admit(
+                spec,
+                task_id,
+                deadline,
+                cost=price(tokens),
+                client=client,
+                client_key=client_key,
+                message=task_message(task_id, spec.online_queue, kwargs),
+                queue=spec.online_queue,
+            )
+        except redis.RedisError:
+            await _release_quietly(admission, spec.name, task_id)  # admitted or not, it is not counted now
+            raise
+        admission_ms = (time.time() - admit_start) * 1000
+        if not decision.admitted:
+            raise Refused(decision, admission_ms)
+        observe.admitted_to_version(version)  # a deadline or a failure from here on counts against this version
+        try:
+            reply = await gather_reply(lambda timeout_s: inbox.next_reply(answers, timeout_s), len(texts), deadline)
+        except asyncio.CancelledError:
+            # The caller hung up, but its work is still queued and will take the model's time: its tokens
+            # stay counted until the worker answers it or its deadline passes (or a send-and-hang-up loop
+            # would bypass admission).
+            raise
+        except BaseException:
+            await admission.release(spec.name, task_id)
+            raise
+        # The worker released the request from the backlog when it wrote the answer (serving.py); an
+        # error or a deadline passed without an answer is released here (releasing twice changes nothing).
+        if reply is None or not reply["ok"]:
+            await admission.release(spec.name, task_id)
+        if reply is None:
+            raise DeadlineExceeded(deadline_ms, admission_ms)
+        if not reply["ok"]:
+            raise WorkerFailed(reply["error"], reply.get("code", "worker_failed"))
+        now = time.time()
+        timing = reply["timing"]
+        inference_end = timing.pop("inference_end")
+        timing.update(
+            admission_ms=round(admission_ms, 3),
+            postprocess_ms=round((now - inference_end) * 1000, 3),
+            total_ms=round((now - started_at) * 1000, 3),
         )
-    except redis.RedisError:
-        await _release_quietly(admission, spec.name, task_id)  # admitted or not, it is not counted now
-        raise
-    admission_ms = (time.time() - admit_start) * 1000
-    if not decision.admitted:
-        raise Refused(decision, admission_ms)
-    observe.admitted_to_version(version)  # a deadline or a failure from here on counts against this version
-    redis_client = get_async_redis(waits=True)
-    try:
-        reply = await gather_reply(redis_client, task_id, len(texts), deadline)
-    except asyncio.CancelledError:
-        # The caller hung up, but its work is still queued and will take the model's time: its tokens
-        # stay counted until the worker answers it or its deadline passes (or a send-and-hang-up loop
-        # would bypass admission).
-        raise
-    except BaseException:
-        await admission.release(spec.name, task_id)
-        raise
-    # The worker released the request from the backlog when it wrote the answer (serving.py); an
-    # error or a deadline passed without an answer is released here (releasing twice changes nothing).
-    if reply is None or not reply["ok"]:
-        await admission.release(spec.name, task_id)
-    if reply is None:
-        raise DeadlineExceeded(deadline_ms, admission_ms)
-    if not reply["ok"]:
-        raise WorkerFailed(reply["error"], reply.get("code", "worker_failed"))
-    now = time.time()
-    timing = reply["timing"]
-    inference_end = timing.pop("inference_end")
-    timing.update(
-        admission_ms=round(admission_ms, 3),
-        postprocess_ms=round((now - inference_end) * 1000, 3),
-        total_ms=round((now - started_at) * 1000, 3),
-    )
-    return Prediction(
-        outputs=reply["outputs"],
-        timing=timing,
-        worker=reply["worker"],
-        tokens=tokens,
-        model_version=reply.get("model_version") or version,
-    )
+        return Prediction(
+            outputs=reply["outputs"],
+            timing=timing,
+            worker=reply["worker"],
+            tokens=tokens,
+            model_version=reply.get("model_version") or version,
+        )
+    finally:
+        inbox.forget(task_id)

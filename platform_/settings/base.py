@@ -365,7 +365,8 @@ LOGGING = {
 WEB_DB_POOL_SIZE = env.int("WEB_DB_POOL_SIZE", default=20)
 # WEB_DB_POOL_TIMEOUT_S: how long a request waits for a pooled connection before it gets 503.
 WEB_DB_POOL_TIMEOUT_S = env.float("WEB_DB_POOL_TIMEOUT_S", default=10.0)
-# WEB_REDIS_MAX_CONNECTIONS: Redis connections per web process; each waiting predict call holds one.
+# WEB_REDIS_MAX_CONNECTIONS: Redis connections per web process (commands in flight at once; a waiting
+# predict call holds none: answers arrive through the process's inbox, inference/web/inbox.py).
 WEB_REDIS_MAX_CONNECTIONS = env.int("WEB_REDIS_MAX_CONNECTIONS", default=1024)
 
 # ---------------------------------------------------------------------------------------------
