@@ -24,6 +24,7 @@ import weakref
 from typing import Any
 
 import redis.asyncio as aredis
+from django.conf import settings
 
 from inference.core.keys import inbox_key
 
@@ -78,10 +79,15 @@ class Inbox:
             queue.put_nowait(reply)
 
     async def _listen(self, client: aredis.Redis) -> None:
+        # A BLPOP unanswered this long past its own timeout is on a server that froze or went off the
+        # network (no reset): give that connection up, so that after a Sentinel failover the listener
+        # finds the new primary within REDIS_SOCKET_TIMEOUT_S, not the waiting client's long read timeout.
+        stalled_s = LISTEN_S + settings.REDIS_SOCKET_TIMEOUT_S
         failing = False
         while True:
             try:
-                item = await client.blpop([self.key], timeout=LISTEN_S)
+                async with asyncio.timeout(stalled_s):
+                    item = await client.blpop([self.key], timeout=LISTEN_S)
                 if item is not None:
                     self.deliver(item[1])
                     for raw in await client.lpop(self.key, DRAIN) or ():

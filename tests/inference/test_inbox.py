@@ -161,3 +161,34 @@ def test_the_listener_comes_back_after_its_connection_is_killed(redis_url, redis
         return got
 
     assert run(main()) == {"ok": True, "outputs": [2]}
+
+
+def test_a_listener_on_a_server_that_stopped_answering_gives_that_connection_up(settings):
+    """A frozen primary resets nothing: the listener must leave the connection itself, so that after a
+    Sentinel failover it reaches the new primary within REDIS_SOCKET_TIMEOUT_S."""
+    settings.REDIS_SOCKET_TIMEOUT_S = 0.3
+
+    async def main():
+        connections = []
+
+        async def frozen(reader, writer):  # accepts and reads, never answers
+            connections.append(writer)
+            while await reader.read(4096):
+                pass
+
+        server = await asyncio.start_server(frozen, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = aredis.from_url(f"redis://127.0.0.1:{port}/0", decode_responses=True, socket_timeout=60)
+        inbox = Inbox(f"inference:inbox:test-frozen-{time.time_ns()}")
+        inbox.expect("waiting", client)
+        started = time.monotonic()
+        while len(connections) < 2 and time.monotonic() - started < 10:
+            await asyncio.sleep(0.05)
+        elapsed = time.monotonic() - started
+        inbox._listener.cancel()
+        server.close()
+        return len(connections), elapsed
+
+    opened, elapsed_s = run(main())
+    assert opened >= 2, "the listener kept waiting on a connection that never answers"
+    assert elapsed_s < 1.0 + 0.3 + 1.0  # LISTEN_S + the stall allowance + slack
