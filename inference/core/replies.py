@@ -1,7 +1,7 @@
 """The reply channel of online requests: a worker pushes JSON answers to Redis lists.
 
 A request's message names its web process's inbox (`reply_to`, inference/web/inbox.py): the worker pushes
-the answer there with the request's id, and one listener per web process hands it to the waiting caller.
+the answer there after the request's id, and one listener per web process hands it to the waiting caller.
 Before, each waiting caller BLPOPed a list of its own: a pooled Redis connection held per waiting request
 (WEB_REDIS_MAX_CONNECTIONS bounded a process's concurrency) and a command per request. A message without
 `reply_to` (one published by hand, as tests do) is answered on its own list, `reply_key(id)`.
@@ -42,9 +42,10 @@ def queue_replies(pipe: redis.client.Pipeline, replies: dict[str, dict[str, Any]
     for task_id, payload in replies.items():
         inbox = payload.get("reply_to")
         if inbox:
-            body = {k: v for k, v in payload.items() if k != "reply_to"}
-            body["id"] = task_id
-            by_inbox.setdefault(inbox, []).append(json.dumps(body, separators=(",", ":")))
+            # "<id> <answer>": the inbox's listener routes by the id without parsing the answer, which
+            # its own waiting request parses (an answer may be half a megabyte of embeddings).
+            body = json.dumps({k: v for k, v in payload.items() if k != "reply_to"}, separators=(",", ":"))
+            by_inbox.setdefault(inbox, []).append(f"{task_id} {body}")
         else:
             key = reply_key(task_id)
             pipe.rpush(key, json.dumps(payload, separators=(",", ":")))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -91,6 +92,20 @@ def token_counts(spec: ModelSpec, inputs: list[Any], stop_above: int | None = No
     return counts
 
 
+_off_loop = threading.local()
+
+
+def token_counts_off_loop(spec: ModelSpec, inputs: list[Any], stop_above: int | None = None) -> list[int]:
+    """`token_counts` for a worker thread, where the web tier counts a large request so that its event loop
+    keeps serving everyone else: the library only, which releases the GIL while it encodes. The ASCII
+    counter is Python and would hold it (a hostile 64-text request cut the loop's turns to a sixth)."""
+    _off_loop.library_only = True
+    try:
+        return token_counts(spec, inputs, stop_above)
+    finally:
+        _off_loop.library_only = False
+
+
 def _text_counts(spec: ModelSpec, texts: list[str], stop_above: int | None) -> list[int]:
     """Tokens of each text, specials included, after truncation to max_seq_length.
 
@@ -113,7 +128,7 @@ def _truncated_counts(spec: ModelSpec, texts: list[str], where: Callable[[int], 
     tokenizer = tokenizer_for(spec)
     prefix_chars = CHARS_PER_TOKEN_BOUND * spec.max_seq_length
     heads = [text[:prefix_chars] for text in texts]
-    fast = ascii_counter(tokenizer)
+    fast = None if getattr(_off_loop, "library_only", False) else ascii_counter(tokenizer)
     counts = [fast(head) if fast is not None and head.isascii() else -1 for head in heads]  # -1: not counted
     rest = [i for i, count in enumerate(counts) if count < 0]
     if rest:
@@ -193,8 +208,8 @@ def _unreadable(spec: ModelSpec, where: str) -> ApiError:
 # punctuation character a word of its own.
 _ASCII_DROPPED = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 _ASCII_WORDS = re.compile(r"[^\s!-/:-@\[-`{-~]+|[!-/:-@\[-`{-~]")
-# Words whose piece counts a web process keeps (per tokenizer); past this the memo starts again, so a
-# client sending random words costs lookups, never memory.
+# Words whose piece counts a web process keeps (per tokenizer; each at most max_input_chars_per_word,
+# 100, characters: a few MB at most); past this the memo starts again.
 _WORD_MEMO_MAX = 50_000
 
 
@@ -225,6 +240,9 @@ def ascii_counter(tokenizer: Tokenizer) -> Callable[[str], int] | None:
     # holding one (in any case, to be safe) is left to it.
     added = tuple({token["content"].lower() for token in config.get("added_tokens") or [] if token.get("content")})
     lowercase = bool(normalizer.get("lowercase"))
+    # WordPiece gives a longer word one [UNK]: counted without asking the model, and never memoised (a
+    # client sending unique long words would otherwise fill the memo with them).
+    longest = int(model.get("max_input_chars_per_word") or 100)
     specials = tokenizer.num_special_tokens_to_add(is_pair=False)
     truncation = tokenizer.truncation
     max_length = truncation["max_length"] if truncation else None
@@ -234,6 +252,8 @@ def ascii_counter(tokenizer: Tokenizer) -> Callable[[str], int] | None:
     def pieces(word: str) -> int:
         count = memo.get(word)
         if count is None:
+            if len(word) > longest:
+                return 1
             if len(memo) >= _WORD_MEMO_MAX:
                 memo.clear()
             count = memo[word] = len(word_model.tokenize(word))

@@ -5,7 +5,8 @@ per waiting request, so a process's concurrency was bounded by its Redis connect
 (WEB_REDIS_MAX_CONNECTIONS) and each answer cost a round trip of its own. Now a request's message names
 this process's inbox (`reply_to`), a worker pushes all the answers of a batch to it in one RPUSH
 (inference/core/replies.py), and one listener per event loop reads them (BLPOP, then whatever else is
-there in one LPOP) and hands each to the request waiting for it. An answer whose caller stopped waiting
+there in one LPOP) and hands each, by the request id it starts with, to the request waiting for it,
+which parses it (the listener never parses a whole answer: one of 64 embeddings is half a megabyte). An answer whose caller stopped waiting
 (deadline, hang-up) finds no one and is dropped; the inbox expires REPLY_TTL_S after its last answer, so
 a process that died leaves nothing behind for long.
 
@@ -33,7 +34,7 @@ logger = logging.getLogger(__name__)
 # How long one BLPOP of the listener blocks: only how soon it notices a broken connection when idle.
 LISTEN_S = 1.0
 # Answers read at once after a wake-up. Bounded: an answer may be half a megabyte (64 embeddings), and
-# the process holds what it reads until it is parsed.
+# the process holds what it reads until its request parses it.
 DRAIN = 64
 # Pause after a Redis error before listening again (waiting callers meanwhile run into their deadlines).
 RETRY_S = 0.2
@@ -44,39 +45,49 @@ class Inbox:
 
     def __init__(self, key: str) -> None:
         self.key = key
-        self._waiting: dict[str, asyncio.Queue[dict[str, Any]]] = {}
+        self._waiting: dict[str, asyncio.Queue[str]] = {}
         self._listener: asyncio.Task | None = None
 
-    def expect(self, task_id: str, client: aredis.Redis) -> asyncio.Queue[dict[str, Any]]:
+    def expect(self, task_id: str, client: aredis.Redis) -> asyncio.Queue[str]:
         """Start holding `task_id`'s answers; call `forget` when done with them."""
         if self._listener is None or self._listener.done():
             self._listener = asyncio.get_running_loop().create_task(self._listen(client))
-        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        queue: asyncio.Queue[str] = asyncio.Queue()
         self._waiting[task_id] = queue
         return queue
 
     def forget(self, task_id: str) -> None:
         self._waiting.pop(task_id, None)
 
-    async def next_reply(self, queue: asyncio.Queue[dict[str, Any]], timeout_s: float) -> dict[str, Any] | None:
-        """The next answer on `queue`, or None when none came within `timeout_s`."""
-        if not queue.empty():
-            return queue.get_nowait()
+    async def next_reply(self, queue: asyncio.Queue[str], timeout_s: float) -> dict[str, Any] | None:
+        """The next answer on `queue`, parsed here (in the waiting request's own task, not the listener's),
+        or None when none came within `timeout_s`."""
+        if queue.empty():
+            try:
+                async with asyncio.timeout(timeout_s):
+                    body = await queue.get()
+            except TimeoutError:
+                return None
+        else:
+            body = queue.get_nowait()
         try:
-            async with asyncio.timeout(timeout_s):
-                return await queue.get()
-        except TimeoutError:
-            return None
+            reply = json.loads(body)
+            if isinstance(reply, dict) and "ok" in reply:
+                return reply
+        except ValueError:
+            pass
+        logger.warning("inbox %s: an answer that is not one: %.200r", self.key, body)
+        return {"ok": False, "error": "the worker's answer could not be read", "code": "worker_failed"}
 
     def deliver(self, raw: str) -> None:
-        try:
-            reply = json.loads(raw)
-            queue = self._waiting.get(reply.pop("id"))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            logger.warning("inbox %s: dropped an answer that is not one: %.200r", self.key, raw)
+        """Hand "<id> <answer>" to the request waiting for it; an answer nobody waits for is dropped."""
+        task_id, space, body = raw.partition(" ")
+        if not space:
+            logger.warning("inbox %s: dropped an answer without a request id: %.200r", self.key, raw)
             return
+        queue = self._waiting.get(task_id)
         if queue is not None:
-            queue.put_nowait(reply)
+            queue.put_nowait(body)
 
     async def _listen(self, client: aredis.Redis) -> None:
         # A BLPOP unanswered this long past its own timeout is on a server that froze or went off the

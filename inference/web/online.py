@@ -18,7 +18,7 @@ from django.conf import settings
 from inference.core.registry import ModelSpec, get_registry
 from inference.core.replies import gather_reply
 from inference.core.task_io import input_chars
-from inference.core.tokens import token_counts
+from inference.core.tokens import token_counts, token_counts_off_loop
 from inference.web import observe, versions
 from inference.web.admission import Admission, Decision
 from inference.web.inbox import get_inbox
@@ -83,7 +83,7 @@ async def _count_tokens(spec: ModelSpec, texts: list[str], admission: Admission,
     if sum(input_chars(item) for item in texts) > _INLINE_TOKENIZE_CHARS:
         # ~100 ms for 64 texts of 2,000 characters: off the event loop, which serves everyone else
         # meanwhile (the tokenizer releases the GIL while it encodes).
-        tokens = await asyncio.to_thread(token_counts, spec, texts, stop_above)
+        tokens = await asyncio.to_thread(token_counts_off_loop, spec, texts, stop_above)
     else:
         tokens = token_counts(spec, texts, stop_above=stop_above)
     if len(tokens) < len(texts):  # counting stopped early: at least this much, more than fits

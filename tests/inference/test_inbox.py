@@ -42,11 +42,16 @@ def test_a_batch_of_answers_goes_to_each_inbox_in_one_push_and_unrouted_answers_
     commands = [args[0] for args, _ in pipe.command_stack]
     pipe.execute()
     assert commands.count("RPUSH") == 3  # one per inbox, one for the request that named none
-    assert [json.loads(x) for x in redis_client.lrange(a, 0, -1)] == [
-        {"ok": True, "outputs": [1], "id": "r1"},
-        {"ok": True, "outputs": [3], "id": "r3"},
+
+    def routed(raw: str) -> tuple[str, dict]:
+        task_id, _, body = raw.partition(" ")
+        return task_id, json.loads(body)
+
+    assert [routed(x) for x in redis_client.lrange(a, 0, -1)] == [
+        ("r1", {"ok": True, "outputs": [1]}),
+        ("r3", {"ok": True, "outputs": [3]}),
     ]
-    assert json.loads(redis_client.lrange(b, 0, -1)[0]) == {"ok": True, "outputs": [2], "part": [0, 1, 2], "id": "r2"}
+    assert routed(redis_client.lrange(b, 0, -1)[0]) == ("r2", {"ok": True, "outputs": [2], "part": [0, 1, 2]})
     assert json.loads(redis_client.lpop(reply_key("lone"))) == {"ok": True, "outputs": [4]}
     assert 0 < redis_client.ttl(a) <= REPLY_TTL_S
 
@@ -119,21 +124,24 @@ def test_an_answer_nobody_waits_for_is_dropped_and_the_next_caller_gets_only_its
     assert redis_client.llen(key) == 0
 
 
-def test_garbage_in_the_inbox_is_logged_and_skipped(redis_url, redis_client, caplog):
+def test_garbage_in_the_inbox_is_logged_and_a_garbled_answer_is_an_error_not_a_crash(redis_url, redis_client, caplog):
     key = f"inference:inbox:test-garbage-{time.time_ns()}"
 
     async def main():
         client = aredis.from_url(redis_url, decode_responses=True)
         inbox = Inbox(key)
         mine = inbox.expect("mine", client)
-        await client.rpush(key, "not json", json.dumps({"no": "id"}), json.dumps(["a", "list"]))
+        await client.rpush(key, "no-id-at-all", "someone-else {}", "mine [1, 2]")
         await asyncio.to_thread(push, redis_client, {"mine": {"ok": True, "outputs": [1], "reply_to": key}})
+        garbled = await inbox.next_reply(mine, 5)
         got = await inbox.next_reply(mine, 5)
         await client.aclose()
-        return got
+        return garbled, got
 
-    assert run(main()) == {"ok": True, "outputs": [1]}
-    assert caplog.text.count("dropped an answer") == 3
+    garbled, got = run(main())
+    assert garbled == {"ok": False, "error": "the worker's answer could not be read", "code": "worker_failed"}
+    assert got == {"ok": True, "outputs": [1]}
+    assert caplog.text.count("dropped an answer without a request id") == 1
 
 
 def test_the_listener_comes_back_after_its_connection_is_killed(redis_url, redis_client):
@@ -161,34 +169,3 @@ def test_the_listener_comes_back_after_its_connection_is_killed(redis_url, redis
         return got
 
     assert run(main()) == {"ok": True, "outputs": [2]}
-
-
-def test_a_listener_on_a_server_that_stopped_answering_gives_that_connection_up(settings):
-    """A frozen primary resets nothing: the listener must leave the connection itself, so that after a
-    Sentinel failover it reaches the new primary within REDIS_SOCKET_TIMEOUT_S."""
-    settings.REDIS_SOCKET_TIMEOUT_S = 0.3
-
-    async def main():
-        connections = []
-
-        async def frozen(reader, writer):  # accepts and reads, never answers
-            connections.append(writer)
-            while await reader.read(4096):
-                pass
-
-        server = await asyncio.start_server(frozen, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        client = aredis.from_url(f"redis://127.0.0.1:{port}/0", decode_responses=True, socket_timeout=60)
-        inbox = Inbox(f"inference:inbox:test-frozen-{time.time_ns()}")
-        inbox.expect("waiting", client)
-        started = time.monotonic()
-        while len(connections) < 2 and time.monotonic() - started < 10:
-            await asyncio.sleep(0.05)
-        elapsed = time.monotonic() - started
-        inbox._listener.cancel()
-        server.close()
-        return len(connections), elapsed
-
-    opened, elapsed_s = run(main())
-    assert opened >= 2, "the listener kept waiting on a connection that never answers"
-    assert elapsed_s < 1.0 + 0.3 + 1.0  # LISTEN_S + the stall allowance + slack
