@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from django.conf import settings
 
-from inference.child import cores, runtime, versions
+from inference.child import cores, memory, runtime, versions
 from inference.core.queues import served_models
 from inference.core.registry import Registry, get_registry
 from inference.core.workers import Heartbeat, WorkerState
@@ -119,6 +119,7 @@ def busy() -> Iterator[None]:
     finally:
         if state:
             state.state = "idle"
+        memory.trim_if_due()
 
 
 def stop() -> None:

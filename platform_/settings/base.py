@@ -180,6 +180,9 @@ OFFLINE_TIME_LIMIT_S = env.int("OFFLINE_TIME_LIMIT_S", default=30 * 60)
 OFFLINE_NICE = env.int("OFFLINE_NICE", default=19)
 # ONLINE_TIME_LIMIT_S: hard limit for one online batch; the deadline normally ends a request first.
 ONLINE_TIME_LIMIT_S = env.int("ONLINE_TIME_LIMIT_S", default=30)
+# CHILD_MALLOC_TRIM_S: a worker child gives freed heap memory back to the OS (malloc_trim) after a batch at
+# most this often; 0 turns it off (inference/child/memory.py).
+CHILD_MALLOC_TRIM_S = env.float("CHILD_MALLOC_TRIM_S", default=10.0)
 # ONLINE_TASK_EVENTS: report each dispatched online batch to Flower as a task (inference/dispatch/events.py).
 # Off by default: at a few hundred batches a second Flower spent 11% of a core and grew without bound
 # parsing them, for a task list nobody can read at that rate (docs/benchmarks.md, issue 23). Workers,
