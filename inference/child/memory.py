@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 import time
 from functools import cache
 
 from django.conf import settings
 
-logger = logging.getLogger(__name__)
 _last_trim_s = 0.0
 
 

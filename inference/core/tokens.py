@@ -3,7 +3,7 @@
 Admission prices requests in tokens, not requests: one call with 64 texts of 2,000 characters costs
 the model hundreds of times what a call with one short text does. The `tokenizers` library (Rust, no
 torch) counts exactly what the worker's tokenizer will produce, truncation and special tokens
-included: ~70 µs for a short text, ~8 µs for an ASCII one through `ascii_counter` on a BERT tokenizer. It is also where text the model's tokenizer cannot
+included: ~70 µs for a short text, ~25 µs for an ASCII corpus text through `ascii_counter` on a BERT tokenizer. It is also where text the model's tokenizer cannot
 take is found, so the request gets a 400 naming the text instead of failing in a worker beside
 other clients' requests.
 
