@@ -191,12 +191,23 @@ def test_per_address_connections_past_the_limit_are_answered_429_json(front):
             conn.sendall(head.encode())
             held.append(conn)
         extra = _source_session("127.0.0.9")
+        seen: list[str] = []  # what the extra client got meanwhile, for the failure message
 
         def refused() -> list[requests.Response]:
-            answer = extra.get(f"{front.url}/api/v1/health", timeout=10)
+            try:
+                answer = extra.get(f"{front.url}/api/v1/health", timeout=10)
+            except requests.RequestException as error:
+                seen.append(type(error).__name__)
+                return []
+            seen.append(str(answer.status_code))
             return [answer] if answer.status_code == 429 else []  # a 429 Response is falsy itself
 
-        (answer,) = wait_until(refused, 10, "a 429 for the connection over the limit")
+        try:
+            (answer,) = wait_until(refused, 10, "a 429 for the connection over the limit")
+        except TimeoutError:
+            log = front.nginx.error_log()[-3000:]
+            access = (front.nginx.folder / "access.log").read_text()[-3000:]
+            raise AssertionError(f"answers seen: {seen}\nnginx error log:\n{log}\naccess log:\n{access}") from None
         assert answer.json()["code"] == "rate_limited" and answer.headers["Retry-After"] == "1"
     finally:
         for conn in held:
