@@ -36,6 +36,7 @@ from inference.core.keys import (
 )
 from inference.core.registry import ModelSpec
 from inference.core.workers import drain_rate_per_s, serving_workers
+from platform_.redis import CoalescedScript
 
 _ADMIT_LUA = (
     PURGE_LUA
@@ -188,7 +189,8 @@ class Admission:
         # A request no bigger than twice the fixed cost of one is never "too large": when it does not
         # fit its deadline, the deadline is the problem (503 deadline), not its size.
         self.request_overhead = request_overhead
-        self._admit_script = client.register_script(_ADMIT_LUA)
+        # Coalesced: the admissions a pass of the event loop starts share one round trip.
+        self._admit_script = CoalescedScript(client, _ADMIT_LUA)
         self._release_script = client.register_script(RELEASE_LUA)
         self._capacity: dict[str, tuple[float, int, float | None]] = {}
 

@@ -1,0 +1,123 @@
+"""CoalescedScript against a real Redis: the script calls one pass of the event loop makes share one
+round trip, each gets its own answer in the order made, and errors reach the calls they belong to."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+import redis.asyncio as aredis
+
+from platform_.redis import CoalescedScript
+from tests.conftest import free_port
+
+# Appends its argument to a list and answers the list's length; fails on "boom".
+APPEND = """
+if ARGV[1] == 'boom' then return redis.error_reply('boom asked for') end
+return redis.call('RPUSH', KEYS[1], ARGV[1])
+"""
+
+
+@pytest.fixture
+def url(redis_url):
+    return redis_url.rsplit("/", 1)[0] + "/14"
+
+
+def test_calls_made_in_one_pass_share_one_round_trip_and_keep_their_order(url):
+    async def main():
+        client = aredis.Redis.from_url(url, decode_responses=True)
+        await client.delete("coalesced:list")
+        script = CoalescedScript(client, APPEND)
+        answers = await asyncio.gather(*(script(["coalesced:list"], [f"v{n}"]) for n in range(20)))
+        stored = await client.lrange("coalesced:list", 0, -1)
+        await client.aclose()
+        return script, answers, stored
+
+    script, answers, stored = asyncio.run(main())
+    assert answers == list(range(1, 21))  # each call its own answer, in the order made
+    assert stored == [f"v{n}" for n in range(20)]
+    assert (script.calls, script.round_trips) == (20, 1)
+
+
+def test_a_lone_call_and_calls_in_later_passes_are_answered(url):
+    async def main():
+        client = aredis.Redis.from_url(url, decode_responses=True)
+        await client.delete("coalesced:lone")
+        script = CoalescedScript(client, APPEND)
+        first = await script(["coalesced:lone"], ["a"])
+        second = await script(["coalesced:lone"], ["b"])
+        await client.aclose()
+        return script, first, second
+
+    script, first, second = asyncio.run(main())
+    assert (first, second) == (1, 2)
+    assert (script.calls, script.round_trips) == (2, 2)
+
+
+def test_one_calls_script_error_reaches_that_call_only(url):
+    async def main():
+        client = aredis.Redis.from_url(url, decode_responses=True)
+        await client.delete("coalesced:err")
+        script = CoalescedScript(client, APPEND)
+        answers = await asyncio.gather(
+            script(["coalesced:err"], ["x"]),
+            script(["coalesced:err"], ["boom"]),
+            script(["coalesced:err"], ["y"]),
+            return_exceptions=True,
+        )
+        await client.aclose()
+        return answers
+
+    first, failed, third = asyncio.run(main())
+    assert (first, third) == (1, 2)
+    assert isinstance(failed, redis.ResponseError) and "boom asked for" in str(failed)
+
+
+def test_a_server_that_lost_the_script_is_sent_it_again(url):
+    """After SCRIPT FLUSH (a restart or a failover to a replica that never saw it) the pipeline gets
+    NOSCRIPT: every call is still answered, once."""
+
+    async def main():
+        client = aredis.Redis.from_url(url, decode_responses=True)
+        await client.delete("coalesced:flush")
+        script = CoalescedScript(client, APPEND)
+        await script(["coalesced:flush"], ["warm"])
+        await client.script_flush()
+        answers = await asyncio.gather(*(script(["coalesced:flush"], [f"v{n}"]) for n in range(5)))
+        stored = await client.lrange("coalesced:flush", 0, -1)
+        await client.aclose()
+        return answers, stored
+
+    answers, stored = asyncio.run(main())
+    assert answers == [2, 3, 4, 5, 6]
+    assert stored == ["warm", "v0", "v1", "v2", "v3", "v4"]
+
+
+def test_a_caller_that_hangs_up_leaves_the_others_answered(url):
+    async def main():
+        client = aredis.Redis.from_url(url, decode_responses=True)
+        await client.delete("coalesced:cancel")
+        script = CoalescedScript(client, APPEND)
+        calls = [asyncio.ensure_future(script(["coalesced:cancel"], [f"v{n}"])) for n in range(3)]
+        await asyncio.sleep(0)  # the three are made and waiting
+        calls[1].cancel()
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        await client.aclose()
+        return answers
+
+    first, cancelled, third = asyncio.run(main())
+    assert isinstance(cancelled, asyncio.CancelledError)
+    assert (first, third) == (1, 3)  # the cancelled call still ran: like a request that hung up mid-call
+
+
+def test_an_unreachable_server_fails_every_call_of_the_round_trip_with_a_redis_error():
+    async def main():
+        client = aredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=1)
+        script = CoalescedScript(client, APPEND)
+        answers = await asyncio.gather(*(script(["k"], ["v"]) for _ in range(3)), return_exceptions=True)
+        await client.aclose()
+        return answers
+
+    answers = asyncio.run(main())
+    assert len(answers) == 3 and all(isinstance(a, redis.ConnectionError) for a in answers), answers
