@@ -239,8 +239,8 @@ class CoalescedScript:
 
     Under load a web process starts several predict calls per pass of its loop (a batch's answers
     wake their callers together, and they call again together), and each call ran the admission
-    script in a round trip of its own: a socket write and a read in this process and in Redis, which a
-    profile at 32 clients put at about a fifth of the web tier's CPU (docs/benchmarks.md, issue 23).
+    script in a round trip of its own: a socket write and a read in this process and in Redis, the
+    largest self time in a profile of the web tier at 32 clients (docs/benchmarks.md, issue 23).
     The first call of a pass schedules the send for the next pass; every call made meanwhile joins it.
     A lone call waits for nothing: the next pass comes as soon as the current one ends. Calls run in
     Redis in the order they were made. A Redis error reaches every call of its pipeline, as it would
@@ -248,6 +248,10 @@ class CoalescedScript:
 
     One instance per client (so per event loop: get_async_redis gives each loop its own client).
     """
+
+    # A pipeline's calls run back to back in Redis, its payload (each admitted request's message) is packed
+    # into one buffer here: bounded, so a pass with hundreds of calls holds neither up for long.
+    MAX_PER_ROUND_TRIP = 64
 
     def __init__(self, client: aredis.Redis, text: str) -> None:
         self.client = client
@@ -268,9 +272,21 @@ class CoalescedScript:
 
     def _send_pending(self) -> None:
         pending, self._pending = self._pending, []
-        task = asyncio.ensure_future(self._send(pending))
+        task = asyncio.ensure_future(self._send_in_order(pending))
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
+
+    async def _send_in_order(self, pending: list[tuple[list[Any], list[Any], asyncio.Future]]) -> None:
+        """At most MAX_PER_ROUND_TRIP calls a pipeline, one pipeline after the other: Redis runs them in
+        the order they were made (pipelines sent at once on several connections could be read in any order)."""
+        try:
+            for start in range(0, len(pending), self.MAX_PER_ROUND_TRIP):
+                await self._send(pending[start : start + self.MAX_PER_ROUND_TRIP])
+        except BaseException as error:  # cancelled (the loop is shutting down): no caller is left waiting
+            for _, _, future in pending:
+                if not future.done():
+                    future.set_exception(redis.ConnectionError(f"not sent: {error!r}"))
+            raise
 
     async def _send(self, pending: list[tuple[list[Any], list[Any], asyncio.Future]]) -> None:
         self.calls += len(pending)
@@ -281,12 +297,10 @@ class CoalescedScript:
                 results: list[Any] = [await self.script(keys=keys, args=args)]
             else:
                 results = await self._pipelined(pending)
-        except BaseException as error:  # the connection's error (or this task's cancellation at shutdown)
+        except Exception as error:  # the connection's: every call of the round trip gets it
             for _, _, future in pending:
                 if not future.done():
-                    future.set_exception(error if isinstance(error, Exception) else redis.ConnectionError(str(error)))
-            if not isinstance(error, Exception):
-                raise
+                    future.set_exception(error)
             return
         for (_, _, future), result in zip(pending, results, strict=True):
             if future.done():  # its caller hung up meanwhile
@@ -308,5 +322,8 @@ class CoalescedScript:
         for n, result in enumerate(results):
             if isinstance(result, redis.exceptions.NoScriptError):
                 keys, args, _ = pending[n]
-                results[n] = await self.script(keys=keys, args=args)  # loads it, then runs it
+                try:
+                    results[n] = await self.script(keys=keys, args=args)  # loads it, then runs it
+                except redis.RedisError as error:  # this call's alone: the others ran, and keep their answers
+                    results[n] = error
         return results

@@ -40,6 +40,22 @@ def test_calls_made_in_one_pass_share_one_round_trip_and_keep_their_order(url):
     assert (script.calls, script.round_trips) == (20, 1)
 
 
+def test_a_pass_with_more_calls_than_one_round_trip_takes_is_split_in_order(url):
+    async def main():
+        client = aredis.Redis.from_url(url, decode_responses=True)
+        await client.delete("coalesced:many")
+        script = CoalescedScript(client, APPEND)
+        answers = await asyncio.gather(*(script(["coalesced:many"], [f"v{n}"]) for n in range(150)))
+        stored = await client.lrange("coalesced:many", 0, -1)
+        await client.aclose()
+        return script, answers, stored
+
+    script, answers, stored = asyncio.run(main())
+    assert answers == list(range(1, 151))
+    assert stored == [f"v{n}" for n in range(150)]
+    assert (script.calls, script.round_trips) == (150, 3)  # 64 + 64 + 22
+
+
 def test_a_lone_call_and_calls_in_later_passes_are_answered(url):
     async def main():
         client = aredis.Redis.from_url(url, decode_responses=True)
@@ -92,6 +108,23 @@ def test_a_server_that_lost_the_script_is_sent_it_again(url):
     answers, stored = asyncio.run(main())
     assert answers == [2, 3, 4, 5, 6]
     assert stored == ["warm", "v0", "v1", "v2", "v3", "v4"]
+
+
+def test_a_script_error_on_the_resend_after_noscript_reaches_its_own_call_only(url):
+    async def main():
+        client = aredis.Redis.from_url(url, decode_responses=True)
+        await client.delete("coalesced:flush-err")
+        script = CoalescedScript(client, APPEND)
+        await client.script_flush()
+        answers = await asyncio.gather(
+            *(script(["coalesced:flush-err"], [value]) for value in ("a", "boom", "b")), return_exceptions=True
+        )
+        await client.aclose()
+        return answers
+
+    first, failed, third = asyncio.run(main())
+    assert (first, third) == (1, 2)
+    assert isinstance(failed, redis.ResponseError) and "boom asked for" in str(failed)
 
 
 def test_a_caller_that_hangs_up_leaves_the_others_answered(url):
