@@ -249,9 +249,11 @@ class CoalescedScript:
     One instance per client (so per event loop: get_async_redis gives each loop its own client).
     """
 
-    # A pipeline's calls run back to back in Redis, its payload (each admitted request's message) is packed
-    # into one buffer here: bounded, so a pass with hundreds of calls holds neither up for long.
+    # A pipeline's calls run back to back in Redis, and its payload (each admitted request's message) is
+    # packed into one buffer here: bounded in calls and in bytes, so a pass with hundreds of calls, or a
+    # client's few large requests, make no giant buffer (a call larger than the bytes goes alone).
     MAX_PER_ROUND_TRIP = 64
+    MAX_BYTES_PER_ROUND_TRIP = 1 << 20
 
     def __init__(self, client: aredis.Redis, text: str) -> None:
         self.client = client
@@ -277,16 +279,30 @@ class CoalescedScript:
         task.add_done_callback(self._sending.discard)
 
     async def _send_in_order(self, pending: list[tuple[list[Any], list[Any], asyncio.Future]]) -> None:
-        """At most MAX_PER_ROUND_TRIP calls a pipeline, one pipeline after the other: Redis runs them in
-        the order they were made (pipelines sent at once on several connections could be read in any order)."""
+        """One pipeline after the other: Redis runs the calls in the order they were made (pipelines sent
+        at once on several connections could be read in any order)."""
         try:
-            for start in range(0, len(pending), self.MAX_PER_ROUND_TRIP):
-                await self._send(pending[start : start + self.MAX_PER_ROUND_TRIP])
+            for part in self._round_trips(pending):
+                await self._send(part)
         except BaseException as error:  # cancelled (the loop is shutting down): no caller is left waiting
             for _, _, future in pending:
                 if not future.done():
                     future.set_exception(redis.ConnectionError(f"not sent: {error!r}"))
             raise
+
+    def _round_trips(self, pending: list[tuple[list[Any], list[Any], asyncio.Future]]):
+        """`pending` cut, in order, into pipelines within MAX_PER_ROUND_TRIP calls and MAX_BYTES_PER_ROUND_TRIP."""
+        part: list[tuple[list[Any], list[Any], asyncio.Future]] = []
+        size = 0
+        for call in pending:
+            call_size = sum(len(v) for v in (*call[0], *call[1]) if isinstance(v, str | bytes))
+            if part and (len(part) == self.MAX_PER_ROUND_TRIP or size + call_size > self.MAX_BYTES_PER_ROUND_TRIP):
+                yield part
+                part, size = [], 0
+            part.append(call)
+            size += call_size
+        if part:
+            yield part
 
     async def _send(self, pending: list[tuple[list[Any], list[Any], asyncio.Future]]) -> None:
         self.calls += len(pending)

@@ -56,6 +56,25 @@ def test_a_pass_with_more_calls_than_one_round_trip_takes_is_split_in_order(url)
     assert (script.calls, script.round_trips) == (150, 3)  # 64 + 64 + 22
 
 
+def test_large_calls_are_not_packed_into_one_buffer(url):
+    """Three 600 KB calls and two small ones in one pass: no round trip over 1 MiB but a lone call's, in order."""
+
+    async def main():
+        client = aredis.Redis.from_url(url, decode_responses=True)
+        await client.delete("coalesced:large")
+        script = CoalescedScript(client, APPEND)
+        values = ["s1", "L" * 600_000, "L" * 600_000, "s2", "L" * 600_000]
+        answers = await asyncio.gather(*(script(["coalesced:large"], [v]) for v in values))
+        stored = await client.lrange("coalesced:large", 0, -1)
+        await client.aclose()
+        return script, values, answers, stored
+
+    script, values, answers, stored = asyncio.run(main())
+    assert answers == [1, 2, 3, 4, 5] and stored == values
+    # [s1, L], [L, s2], [L]: a pipeline closes before the call that would take it past 1 MiB.
+    assert script.round_trips == 3
+
+
 def test_a_lone_call_and_calls_in_later_passes_are_answered(url):
     async def main():
         client = aredis.Redis.from_url(url, decode_responses=True)
