@@ -11,7 +11,9 @@ password and database number. Celery's broker and result backend follow the same
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -23,6 +25,8 @@ from django.conf import settings
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.connection import parse_url
 from redis.retry import Retry
+
+logger = logging.getLogger(__name__)
 
 _sync: tuple[int, redis.Redis] | None = None
 _async: dict[tuple[int, bool], aredis.Redis] = {}
@@ -242,10 +246,13 @@ class CoalescedScript:
     script in a round trip of its own: a socket write and a read in this process and in Redis, the
     largest self time in a profile of the web tier at 32 clients (docs/benchmarks.md, issue 23).
     The first call of a pass schedules the send for the next pass; every call made meanwhile joins it.
-    A lone call waits for nothing: the next pass comes as soon as the current one ends. Calls run in
-    Redis in the order they were made. A Redis error reaches every call of its pipeline, as it would
-    have reached each alone; one call's script error reaches that call only.
+    A lone call waits for nothing: the next pass comes as soon as the current one ends. A pass's calls
+    run in Redis in the order they were made. A Redis error reaches every call of its pipeline (each its
+    own copy), as it would have reached each alone; one call's script error reaches that call only; a
+    caller that hung up before its pass was sent is not sent.
 
+    redis-py resends a whole pipeline when a connection error takes its replies, so a script called
+    through here must be safe to run twice (the admission script is: inference/web/admission.py).
     One instance per client (so per event loop: get_async_redis gives each loop its own client).
     """
 
@@ -257,8 +264,9 @@ class CoalescedScript:
 
     def __init__(self, client: aredis.Redis, text: str) -> None:
         self.client = client
+        self.text = text
         self.script = client.register_script(text)
-        self._pending: list[tuple[list[Any], list[Any], asyncio.Future]] = []
+        self._pending: list[_Call] = []
         self._sending: set[asyncio.Task] = set()  # held: a task nobody references can be collected
         # Calls and round trips so far: what the coalescing saves (tests, benchmarks).
         self.calls = 0
@@ -278,21 +286,22 @@ class CoalescedScript:
         self._sending.add(task)
         task.add_done_callback(self._sending.discard)
 
-    async def _send_in_order(self, pending: list[tuple[list[Any], list[Any], asyncio.Future]]) -> None:
-        """One pipeline after the other: Redis runs the calls in the order they were made (pipelines sent
-        at once on several connections could be read in any order)."""
+    async def _send_in_order(self, pending: list[_Call]) -> None:
+        """One pipeline after the other, so Redis runs the pass's calls in the order they were made. After
+        a Redis error the rest are not sent: they get the same error at once, not a retry budget each."""
         try:
             for part in self._round_trips(pending):
-                await self._send(part)
+                error = await self._send(part)
+                if error is not None:
+                    _fail(pending, error)
+                    return
         except BaseException as error:  # cancelled (the loop is shutting down): no caller is left waiting
-            for _, _, future in pending:
-                if not future.done():
-                    future.set_exception(redis.ConnectionError(f"not sent: {error!r}"))
+            _fail(pending, redis.ConnectionError(f"not sent: {error!r}"))
             raise
 
-    def _round_trips(self, pending: list[tuple[list[Any], list[Any], asyncio.Future]]):
+    def _round_trips(self, pending: list[_Call]) -> Iterator[list[_Call]]:
         """`pending` cut, in order, into pipelines within MAX_PER_ROUND_TRIP calls and MAX_BYTES_PER_ROUND_TRIP."""
-        part: list[tuple[list[Any], list[Any], asyncio.Future]] = []
+        part: list[_Call] = []
         size = 0
         for call in pending:
             call_size = sum(len(v) for v in (*call[0], *call[1]) if isinstance(v, str | bytes))
@@ -304,42 +313,64 @@ class CoalescedScript:
         if part:
             yield part
 
-    async def _send(self, pending: list[tuple[list[Any], list[Any], asyncio.Future]]) -> None:
-        self.calls += len(pending)
+    async def _send(self, part: list[_Call]) -> Exception | None:
+        """Run `part`'s calls and answer each; the error that stopped the round trip, if one did."""
+        part = [call for call in part if not call[2].done()]  # its caller hung up before it was sent
+        if not part:
+            return None
+        self.calls += len(part)
         self.round_trips += 1
         try:
-            if len(pending) == 1:
-                keys, args, _ = pending[0]
+            if len(part) == 1:
+                keys, args, _ = part[0]
                 results: list[Any] = [await self.script(keys=keys, args=args)]
             else:
-                results = await self._pipelined(pending)
-        except Exception as error:  # the connection's: every call of the round trip gets it
-            for _, _, future in pending:
-                if not future.done():
-                    future.set_exception(error)
-            return
-        for (_, _, future), result in zip(pending, results, strict=True):
+                results = await self._pipelined(part)
+        except redis.RedisError as error:
+            return error
+        except Exception as error:  # a bug here must not become every caller's 500: a 503 it is, logged once
+            logger.exception("coalesced script calls failed")
+            return redis.RedisError(f"script call failed: {error!r}")
+        for (_, _, future), result in zip(part, results, strict=True):
             if future.done():  # its caller hung up meanwhile
                 continue
             if isinstance(result, Exception):
                 future.set_exception(result)
             else:
                 future.set_result(result)
+        return None
 
-    async def _pipelined(self, pending: list[tuple[list[Any], list[Any], asyncio.Future]]) -> list[Any]:
+    async def _pipelined(self, part: list[_Call]) -> list[Any]:
         """EVALSHA of every call in one round trip. Not redis-py's pipeline scripts, which check that each
-        script exists with a round trip of their own before every pipeline; a server that lost the script
-        (a restart, a failover) answers NOSCRIPT, and those calls are run again one by one (loading it)."""
-        sha = self.script.sha
-        pipe = self.client.pipeline(transaction=False)
-        for keys, args, _ in pending:
-            pipe.evalsha(sha, len(keys), *keys, *args)
-        results = await pipe.execute(raise_on_error=False)
-        for n, result in enumerate(results):
-            if isinstance(result, redis.exceptions.NoScriptError):
-                keys, args, _ = pending[n]
-                try:
-                    results[n] = await self.script(keys=keys, args=args)  # loads it, then runs it
-                except redis.RedisError as error:  # this call's alone: the others ran, and keep their answers
-                    results[n] = error
+        script exists with a round trip of their own before every pipeline. A server that lost the script
+        (a restart, a failover) answers NOSCRIPT: it is loaded once, and those calls sent again together."""
+        results = await self._evalsha(part)
+        missing = [n for n, result in enumerate(results) if isinstance(result, redis.exceptions.NoScriptError)]
+        if missing:
+            await self.client.script_load(self.text)
+            for n, result in zip(missing, await self._evalsha([part[n] for n in missing]), strict=True):
+                results[n] = result
         return results
+
+    async def _evalsha(self, part: list[_Call]) -> list[Any]:
+        pipe = self.client.pipeline(transaction=False)
+        for keys, args, _ in part:
+            pipe.evalsha(self.script.sha, len(keys), *keys, *args)
+        return await pipe.execute(raise_on_error=False)
+
+
+_Call = tuple[list[Any], list[Any], asyncio.Future]
+
+
+def _fail(calls: list[_Call], error: Exception) -> None:
+    """`error` to every call still waiting, each its own copy (one instance raised in many requests would
+    gather all their tracebacks), caused by the original."""
+    for _, _, future in calls:
+        if future.done():
+            continue
+        try:
+            own = type(error)(*error.args)
+            own.__cause__ = error
+        except Exception:  # an exception type that cannot be rebuilt from its args: the same one, then
+            own = error
+        future.set_exception(own)

@@ -41,6 +41,10 @@ from platform_.redis import CoalescedScript
 _ADMIT_LUA = (
     PURGE_LUA
     + """
+-- A call run twice: redis-py resends a command, or a whole pipeline of them (platform_.redis.CoalescedScript),
+-- when a connection error takes its reply. Already admitted and queued: neither again (the totals would
+-- keep its cost for ever, since its release subtracts it once).
+if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return {1, 0, 0, 0, 0} end
 local n = redis.call('ZCARD', KEYS[1])
 local cost = tonumber(ARGV[6])
 local mine_field = 'c:' .. ARGV[7]

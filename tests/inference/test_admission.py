@@ -317,3 +317,30 @@ def test_a_request_whose_deadline_has_passed_is_a_deadline_refusal_not_too_large
 
     decision = run(scenario())
     assert not decision.admitted and decision.reason == "deadline" and decision.status == 503
+
+
+def test_a_call_run_twice_admits_and_queues_once(redis_url, model_name):
+    """redis-py resends a command (or a whole pipeline of admissions) when a connection error takes its
+    reply: the second run must neither count the request's tokens again nor queue its message twice,
+    or the totals keep its cost for ever (its release subtracts it once) and the worker runs it twice."""
+
+    async def scenario():
+        client, admission = await _admission(redis_url, model_name, children=1, done=0, busy_s=0)
+        spec = ModelSpec(name=model_name, task="embedding", path="x", max_backlog=10)
+        queue = f"online.{model_name}"
+        deadline = time.time() + 30
+        for _ in range(2):  # the same call twice, as a resend makes it
+            decision = await admission.admit(spec, "r1", deadline, cost=40, client="c1", message=b"m", queue=queue)
+        totals = await client.hgetall(backlog_tokens_key(model_name))
+        queued = await client.llen(queue)
+        await admission.release(model_name, "r1")
+        after = await client.hgetall(backlog_tokens_key(model_name))
+        await client.delete(queue)
+        await client.aclose()
+        return decision, totals, queued, after
+
+    decision, totals, queued, after = run(scenario())
+    assert decision.admitted
+    assert totals["all"] == "40" and totals["c:c1"] == "40" and totals["n:c1"] == "1"
+    assert queued == 1
+    assert after.get("all") == "0" and "c:c1" not in after and "n:c1" not in after

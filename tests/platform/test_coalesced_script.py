@@ -146,21 +146,22 @@ def test_a_script_error_on_the_resend_after_noscript_reaches_its_own_call_only(u
     assert isinstance(failed, redis.ResponseError) and "boom asked for" in str(failed)
 
 
-def test_a_caller_that_hangs_up_leaves_the_others_answered(url):
+def test_a_caller_that_hangs_up_before_its_pass_is_sent_is_not_sent(url):
     async def main():
         client = aredis.Redis.from_url(url, decode_responses=True)
         await client.delete("coalesced:cancel")
         script = CoalescedScript(client, APPEND)
         calls = [asyncio.ensure_future(script(["coalesced:cancel"], [f"v{n}"])) for n in range(3)]
-        await asyncio.sleep(0)  # the three are made and waiting
+        await asyncio.sleep(0)  # the three are made and waiting for the next pass
         calls[1].cancel()
         answers = await asyncio.gather(*calls, return_exceptions=True)
+        stored = await client.lrange("coalesced:cancel", 0, -1)
         await client.aclose()
-        return answers
+        return answers, stored
 
-    first, cancelled, third = asyncio.run(main())
+    (first, cancelled, third), stored = asyncio.run(main())
     assert isinstance(cancelled, asyncio.CancelledError)
-    assert (first, third) == (1, 3)  # the cancelled call still ran: like a request that hung up mid-call
+    assert (first, third) == (1, 2) and stored == ["v0", "v2"]  # the others answered; it never ran
 
 
 def test_an_unreachable_server_fails_every_call_of_the_round_trip_with_a_redis_error():
@@ -173,3 +174,4 @@ def test_an_unreachable_server_fails_every_call_of_the_round_trip_with_a_redis_e
 
     answers = asyncio.run(main())
     assert len(answers) == 3 and all(isinstance(a, redis.ConnectionError) for a in answers), answers
+    assert len({id(a) for a in answers}) == 3  # each caller raises its own copy, not one shared instance
