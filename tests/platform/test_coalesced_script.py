@@ -4,6 +4,7 @@ round trip, each gets its own answer in the order made, and errors reach the cal
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 import redis
@@ -24,14 +25,22 @@ def url(redis_url):
     return redis_url.rsplit("/", 1)[0] + "/14"
 
 
+@contextlib.asynccontextmanager
+async def appending(url: str, key: str):
+    """A client of the test Redis with `key` emptied, and APPEND coalesced on it; the client closed after."""
+    client = aredis.Redis.from_url(url, decode_responses=True)
+    try:
+        await client.delete(key)
+        yield client, CoalescedScript(client, APPEND)
+    finally:
+        await client.aclose()
+
+
 def test_calls_made_in_one_pass_share_one_round_trip_and_keep_their_order(url):
     async def main():
-        client = aredis.Redis.from_url(url, decode_responses=True)
-        await client.delete("coalesced:list")
-        script = CoalescedScript(client, APPEND)
-        answers = await asyncio.gather(*(script(["coalesced:list"], [f"v{n}"]) for n in range(20)))
-        stored = await client.lrange("coalesced:list", 0, -1)
-        await client.aclose()
+        async with appending(url, "coalesced:list") as (client, script):
+            answers = await asyncio.gather(*(script(["coalesced:list"], [f"v{n}"]) for n in range(20)))
+            stored = await client.lrange("coalesced:list", 0, -1)
         return script, answers, stored
 
     script, answers, stored = asyncio.run(main())
@@ -42,12 +51,9 @@ def test_calls_made_in_one_pass_share_one_round_trip_and_keep_their_order(url):
 
 def test_a_pass_with_more_calls_than_one_round_trip_takes_is_split_in_order(url):
     async def main():
-        client = aredis.Redis.from_url(url, decode_responses=True)
-        await client.delete("coalesced:many")
-        script = CoalescedScript(client, APPEND)
-        answers = await asyncio.gather(*(script(["coalesced:many"], [f"v{n}"]) for n in range(150)))
-        stored = await client.lrange("coalesced:many", 0, -1)
-        await client.aclose()
+        async with appending(url, "coalesced:many") as (client, script):
+            answers = await asyncio.gather(*(script(["coalesced:many"], [f"v{n}"]) for n in range(150)))
+            stored = await client.lrange("coalesced:many", 0, -1)
         return script, answers, stored
 
     script, answers, stored = asyncio.run(main())
@@ -60,13 +66,10 @@ def test_large_calls_are_not_packed_into_one_buffer(url):
     """Three 600 KB calls and two small ones in one pass: no round trip over 1 MiB but a lone call's, in order."""
 
     async def main():
-        client = aredis.Redis.from_url(url, decode_responses=True)
-        await client.delete("coalesced:large")
-        script = CoalescedScript(client, APPEND)
-        values = ["s1", "L" * 600_000, "L" * 600_000, "s2", "L" * 600_000]
-        answers = await asyncio.gather(*(script(["coalesced:large"], [v]) for v in values))
-        stored = await client.lrange("coalesced:large", 0, -1)
-        await client.aclose()
+        async with appending(url, "coalesced:large") as (client, script):
+            values = ["s1", "L" * 600_000, "L" * 600_000, "s2", "L" * 600_000]
+            answers = await asyncio.gather(*(script(["coalesced:large"], [v]) for v in values))
+            stored = await client.lrange("coalesced:large", 0, -1)
         return script, values, answers, stored
 
     script, values, answers, stored = asyncio.run(main())
@@ -77,12 +80,9 @@ def test_large_calls_are_not_packed_into_one_buffer(url):
 
 def test_a_lone_call_and_calls_in_later_passes_are_answered(url):
     async def main():
-        client = aredis.Redis.from_url(url, decode_responses=True)
-        await client.delete("coalesced:lone")
-        script = CoalescedScript(client, APPEND)
-        first = await script(["coalesced:lone"], ["a"])
-        second = await script(["coalesced:lone"], ["b"])
-        await client.aclose()
+        async with appending(url, "coalesced:lone") as (client, script):
+            first = await script(["coalesced:lone"], ["a"])
+            second = await script(["coalesced:lone"], ["b"])
         return script, first, second
 
     script, first, second = asyncio.run(main())
@@ -92,16 +92,13 @@ def test_a_lone_call_and_calls_in_later_passes_are_answered(url):
 
 def test_one_calls_script_error_reaches_that_call_only(url):
     async def main():
-        client = aredis.Redis.from_url(url, decode_responses=True)
-        await client.delete("coalesced:err")
-        script = CoalescedScript(client, APPEND)
-        answers = await asyncio.gather(
-            script(["coalesced:err"], ["x"]),
-            script(["coalesced:err"], ["boom"]),
-            script(["coalesced:err"], ["y"]),
-            return_exceptions=True,
-        )
-        await client.aclose()
+        async with appending(url, "coalesced:err") as (client, script):
+            answers = await asyncio.gather(
+                script(["coalesced:err"], ["x"]),
+                script(["coalesced:err"], ["boom"]),
+                script(["coalesced:err"], ["y"]),
+                return_exceptions=True,
+            )
         return answers
 
     first, failed, third = asyncio.run(main())
@@ -114,14 +111,11 @@ def test_a_server_that_lost_the_script_is_sent_it_again(url):
     NOSCRIPT: every call is still answered, once."""
 
     async def main():
-        client = aredis.Redis.from_url(url, decode_responses=True)
-        await client.delete("coalesced:flush")
-        script = CoalescedScript(client, APPEND)
-        await script(["coalesced:flush"], ["warm"])
-        await client.script_flush()
-        answers = await asyncio.gather(*(script(["coalesced:flush"], [f"v{n}"]) for n in range(5)))
-        stored = await client.lrange("coalesced:flush", 0, -1)
-        await client.aclose()
+        async with appending(url, "coalesced:flush") as (client, script):
+            await script(["coalesced:flush"], ["warm"])
+            await client.script_flush()
+            answers = await asyncio.gather(*(script(["coalesced:flush"], [f"v{n}"]) for n in range(5)))
+            stored = await client.lrange("coalesced:flush", 0, -1)
         return answers, stored
 
     answers, stored = asyncio.run(main())
@@ -131,14 +125,11 @@ def test_a_server_that_lost_the_script_is_sent_it_again(url):
 
 def test_a_script_error_on_the_resend_after_noscript_reaches_its_own_call_only(url):
     async def main():
-        client = aredis.Redis.from_url(url, decode_responses=True)
-        await client.delete("coalesced:flush-err")
-        script = CoalescedScript(client, APPEND)
-        await client.script_flush()
-        answers = await asyncio.gather(
-            *(script(["coalesced:flush-err"], [value]) for value in ("a", "boom", "b")), return_exceptions=True
-        )
-        await client.aclose()
+        async with appending(url, "coalesced:flush-err") as (client, script):
+            await client.script_flush()
+            answers = await asyncio.gather(
+                *(script(["coalesced:flush-err"], [value]) for value in ("a", "boom", "b")), return_exceptions=True
+            )
         return answers
 
     first, failed, third = asyncio.run(main())
@@ -148,15 +139,12 @@ def test_a_script_error_on_the_resend_after_noscript_reaches_its_own_call_only(u
 
 def test_a_caller_that_hangs_up_before_its_pass_is_sent_is_not_sent(url):
     async def main():
-        client = aredis.Redis.from_url(url, decode_responses=True)
-        await client.delete("coalesced:cancel")
-        script = CoalescedScript(client, APPEND)
-        calls = [asyncio.ensure_future(script(["coalesced:cancel"], [f"v{n}"])) for n in range(3)]
-        await asyncio.sleep(0)  # the three are made and waiting for the next pass
-        calls[1].cancel()
-        answers = await asyncio.gather(*calls, return_exceptions=True)
-        stored = await client.lrange("coalesced:cancel", 0, -1)
-        await client.aclose()
+        async with appending(url, "coalesced:cancel") as (client, script):
+            calls = [asyncio.ensure_future(script(["coalesced:cancel"], [f"v{n}"])) for n in range(3)]
+            await asyncio.sleep(0)  # the three are made and waiting for the next pass
+            calls[1].cancel()
+            answers = await asyncio.gather(*calls, return_exceptions=True)
+            stored = await client.lrange("coalesced:cancel", 0, -1)
         return answers, stored
 
     (first, cancelled, third), stored = asyncio.run(main())
