@@ -57,6 +57,8 @@ class Step:
     mean_batch: float | None
     mean_queue_depth: float | None
     gpu_util_pct: float | None = None  # mean over the step; None where nvidia-smi does not answer
+    # CPU of the online pool's children alone (the processes that run the model), within worker_cpu_pct.
+    model_cpu_pct: float | None = None
 
 
 class GpuSampler:
@@ -115,6 +117,46 @@ def with_children(procs: list[psutil.Process]) -> list[psutil.Process]:
     return list(found.values())
 
 
+def pool_children(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Of a worker's processes (with_children), the pool's children: the leaves whose parent is among them
+    (not the main process, nor a shell that started it, as Procfile does)."""
+    parents: dict[int, int] = {}
+    for proc in procs:
+        try:
+            parents[proc.pid] = proc.ppid()
+        except psutil.Error:
+            pass
+    has_children = set(parents.values())
+    return [p for p in procs if parents.get(p.pid) in parents and p.pid not in has_children]
+
+
+@dataclass(frozen=True)
+class CeilingGap:
+    """Peak over the N-process ceiling, split in two factors whose product it is:
+
+    - `cpu_share`: the CPU the model's processes got, over the N cores the ceiling's N processes had
+      to themselves (the rest went to the web, the broker, the worker's main process, the load generator);
+    - `efficiency`: texts per CPU-second in those processes, over the ceiling's own (batch shapes,
+      per-pass overhead, caches shared with the rest).
+    On a CPU host the first bounds the ratio whatever the batching does; on a GPU host the second is
+    the one that matters."""
+
+    ratio: float
+    cpu_share: float
+    efficiency: float
+
+
+def ceiling_gap(qps: float, model_cpu_pct: float, ceiling_qps: float, processes: int) -> CeilingGap | None:
+    if model_cpu_pct <= 0 or ceiling_qps <= 0 or processes <= 0:
+        return None
+    model_cores = model_cpu_pct / 100
+    return CeilingGap(
+        ratio=qps / ceiling_qps,
+        cpu_share=model_cores / processes,
+        efficiency=qps / (model_cores * ceiling_qps / processes),
+    )
+
+
 def cpu_seconds(procs: list[psutil.Process]) -> float:
     total = 0.0
     for proc in procs:
@@ -150,11 +192,14 @@ def queue_depth(client: redis.Redis | None, seconds: int) -> float | None:
 
 
 def run_step(system, url, headers, concurrency, seconds, server_procs, worker_procs, client, seed) -> Step:
+    model_procs = pool_children(worker_procs)
     server_before, worker_before = cpu_seconds(server_procs), cpu_seconds(worker_procs)
+    model_before = cpu_seconds(model_procs)
     with GpuSampler() as gpu:
         run = closed_loop(url, headers, concurrency, seconds, seed=seed)
     server_cpu = (cpu_seconds(server_procs) - server_before) / run.wall_s * 100
     worker_cpu = (cpu_seconds(worker_procs) - worker_before) / run.wall_s * 100
+    model_cpu = (cpu_seconds(model_procs) - model_before) / run.wall_s * 100 if model_procs else None
     return Step(
         system=system,
         concurrency=concurrency,
@@ -173,6 +218,7 @@ def run_step(system, url, headers, concurrency, seconds, server_procs, worker_pr
         mean_batch=run.mean_batch(),
         mean_queue_depth=queue_depth(client, int(seconds)),
         gpu_util_pct=gpu.mean(),
+        model_cpu_pct=None if model_cpu is None else round(model_cpu),
     )
 
 
@@ -206,14 +252,14 @@ def fmt(value, digits=0) -> str:
 
 
 def table(steps: list[Step]) -> str:
-    head = "| system | conc. | QPS | P50 ms | P95 ms | P99 ms | mean ms | err | 503 | 504 | server CPU % | worker CPU % | generator CPU % | GPU % | mean batch | queue depth |"
-    lines = [head, "|" + "---|" * 16]
+    head = "| system | conc. | QPS | P50 ms | P95 ms | P99 ms | mean ms | err | 503 | 504 | server CPU % | worker CPU % | of it, model CPU % | generator CPU % | GPU % | mean batch | queue depth |"
+    lines = [head, "|" + "---|" * 17]
     for s in steps:
         flag = " (saturated)" if s.generator_cpu_pct >= GENERATOR_SATURATED_PCT else ""
         lines.append(
             f"| {s.system} | {s.concurrency} | {s.qps:.1f} | {fmt(s.p50_ms)} | {fmt(s.p95_ms)} | {fmt(s.p99_ms)} | "
             f"{fmt(s.mean_ms)} | {s.errors} | {s.refused_503} | {s.timeouts_504} | {s.server_cpu_pct} | "
-            f"{s.worker_cpu_pct} | {s.generator_cpu_pct}{flag} | {fmt(s.gpu_util_pct)} | {fmt(s.mean_batch, 2)} | "
+            f"{s.worker_cpu_pct} | {fmt(s.model_cpu_pct)} | {s.generator_cpu_pct}{flag} | {fmt(s.gpu_util_pct)} | {fmt(s.mean_batch, 2)} | "
             f"{fmt(s.mean_queue_depth, 1)} |"
         )
     return "\n".join(lines)
@@ -318,6 +364,18 @@ def targets(steps: list[Step], ceiling: Ceiling, scenarios: dict) -> list[tuple[
             peak / ceiling_n >= 0.8,
         )
     )
+    top = max(platform, key=lambda s: s.qps)
+    gap = ceiling_gap(top.qps, top.model_cpu_pct or 0, ceiling_n, children)
+    if gap:
+        out.append(
+            (
+                "where the gap to the ceiling is (at the peak step)",
+                f"{gap.ratio:.2f} = CPU share {gap.cpu_share:.2f} (the model's processes had "
+                f"{top.model_cpu_pct:.0f}% of {children * 100}%) x efficiency {gap.efficiency:.2f} "
+                "(their texts per CPU-second over the ceiling's)",
+                None,
+            )
+        )
     last = max(platform, key=lambda s: s.concurrency)
     out.append(
         (
@@ -452,7 +510,10 @@ def main() -> None:
         report += [f"{name}: `{json.dumps(figures)}`", ""]
     if ceiling:
         report += ["| target | figures | met |", "|---|---|---|"]
-        report += [f"| {t} | {f} | {'met' if ok else 'missed'} |" for t, f, ok in targets(steps, ceiling, scenarios)]
+        report += [
+            f"| {t} | {f} | {'–' if ok is None else 'met' if ok else 'missed'} |"
+            for t, f, ok in targets(steps, ceiling, scenarios)
+        ]
     text = "\n".join(report)
     print("\n" + text)
     (out / "sweep.md").write_text(text + "\n")

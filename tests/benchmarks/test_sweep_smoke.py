@@ -52,5 +52,8 @@ def test_sweep_runs_both_systems_and_writes_its_report(stack, redis_url, tmp_pat
         ("naive", "4"),
     ]
     assert all(int(r["requests"]) > 0 for r in rows)
+    # The model's own CPU is counted for the platform's pool children, and for nothing of the naive server's.
+    assert all(int(r["model_cpu_pct"]) > 0 for r in rows if r["system"] == "platform")
+    assert all(r["model_cpu_pct"] == "" for r in rows if r["system"] == "naive")
     assert "| platform | 4 |" in (tmp_path / "sweep.md").read_text()
     assert (tmp_path / "sweep.png").stat().st_size > 10_000
