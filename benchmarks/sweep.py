@@ -4,9 +4,12 @@
 
 Needs a running stack (`make run`). Starts the naive baseline itself (benchmarks/naive_server.py).
 For each concurrency step: P50/P95/P99/mean, QPS, errors, 503, 504, CPU of the web and worker
-processes, the load generator's own CPU, GPU use where nvidia-smi answers, mean batch size and queue depth
+processes (and, within the worker's, of the pool's children that run the model), the load generator's own CPU, GPU use where nvidia-smi answers, mean batch size and queue depth
 (from the platform's metrics).
 Writes benchmarks/out/sweep.md, sweep.csv and sweep.png; prints the targets met or missed as ratios.
+The ratio of the peak to the ceiling is split into the children's CPU share and their efficiency per
+CPU-second (`ceiling_gap`). Processes are found once, at the start: children forked later (autoscaling,
+a replaced child) are not counted.
 """
 
 from __future__ import annotations
