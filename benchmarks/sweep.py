@@ -4,8 +4,8 @@
 
 Needs a running stack (`make run`). Starts the naive baseline itself (benchmarks/naive_server.py).
 For each concurrency step: P50/P95/P99/mean, QPS, errors, 503, 504, CPU of the web and worker
-processes (and, within the worker's, of the pool's children that run the model), the load generator's own CPU, GPU use where nvidia-smi answers, mean batch size and queue depth
-(from the platform's metrics).
+processes (and, within the worker's, of the pool's children that run the model), the load generator's
+own CPU, GPU use where nvidia-smi answers, mean batch size and queue depth (from the platform's metrics).
 Writes benchmarks/out/sweep.md, sweep.csv and sweep.png; prints the targets met or missed as ratios.
 The ratio of the peak to the ceiling is split into the children's CPU share and their efficiency per
 CPU-second (`ceiling_gap`). Processes are found once, at the start: children forked later (autoscaling,
@@ -347,7 +347,8 @@ def targets(steps: list[Step], ceiling: Ceiling, scenarios: dict) -> list[tuple[
     out: list[tuple[str, str, bool | None]] = []
     if not platform:
         return out
-    peak = max(s.qps for s in platform)
+    top = max(platform, key=lambda s: s.qps)
+    peak = top.qps
     # The platform runs N online children with one torch thread each: its ceiling is N such processes
     # running length-sorted passes at once (measured, not N times one process).
     children, ceiling_n = max(ceiling.parallel.items(), default=(1, ceiling.best(sorted_=True)[1]))
@@ -367,7 +368,6 @@ def targets(steps: list[Step], ceiling: Ceiling, scenarios: dict) -> list[tuple[
             peak / ceiling_n >= 0.8,
         )
     )
-    top = max(platform, key=lambda s: s.qps)
     gap = ceiling_gap(top.qps, top.model_cpu_pct or 0, ceiling_n, children)
     if gap:
         out.append(
