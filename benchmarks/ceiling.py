@@ -88,24 +88,28 @@ def measure(model: str, texts: list[str], batch_sizes=(1, 2, 4, 8, 16, 32), proc
     return ceiling
 
 
-def _parallel_worker(model: str, texts: list[str], batch_size: int, ready, go, results) -> None:
+def _parallel_worker(model: str, texts: list[str], batch_size: int, dispatch: int, ready, go, results) -> None:
     handler = load_handler(model)
-    sorted_passes_rate(handler, texts[:64], dispatch=batch_size * 4, max_batch_size=batch_size)  # warm
+    sorted_passes_rate(handler, texts[:64], dispatch=dispatch, max_batch_size=batch_size)  # warm
     ready.wait()
     go.wait()
-    results.put(sorted_passes_rate(handler, texts, dispatch=batch_size * 4, max_batch_size=batch_size))
+    results.put(sorted_passes_rate(handler, texts, dispatch=dispatch, max_batch_size=batch_size))
 
 
-def parallel_sorted_rate(model: str, texts: list[str], processes: int, batch_size: int) -> float:
-    """Texts/s of `processes` fresh processes (one torch thread each) running length-sorted passes at once.
+def parallel_sorted_rate(
+    model: str, texts: list[str], processes: int, batch_size: int, dispatch: int | None = None
+) -> float:
+    """Texts/s of `processes` fresh processes (one torch thread each) running length-sorted passes at once,
+    each taking `dispatch` texts at a time (default: four batches' worth) and cutting them into passes.
 
     Twice one process's rate would overstate two children on two cores: they share caches and
     memory bandwidth. Spawned, not forked: torch's thread pools do not survive fork.
     """
+    dispatch = dispatch or batch_size * 4
     ctx = multiprocessing.get_context("spawn")
     ready, go, results = ctx.Barrier(processes + 1), ctx.Barrier(processes + 1), ctx.Queue()
     procs = [
-        ctx.Process(target=_parallel_worker, args=(model, texts, batch_size, ready, go, results))
+        ctx.Process(target=_parallel_worker, args=(model, texts, batch_size, dispatch, ready, go, results))
         for _ in range(processes)
     ]
     for proc in procs:

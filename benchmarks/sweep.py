@@ -106,7 +106,7 @@ def processes(pattern: list[str]) -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         cmd = " ".join(proc.info["cmdline"] or [])
-        if all(p in cmd for p in pattern) and "benchmarks.sweep" not in cmd:
+        if all(p in cmd for p in pattern) and "benchmarks." not in cmd:
             found.append(proc)
     return found
 
@@ -192,6 +192,48 @@ def queue_depth(client: redis.Redis | None, seconds: int) -> float | None:
         if "gauge|online|waiting" in b
     ]
     return sum(samples) / len(samples) if samples else None
+
+
+def stack_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a benchmark driving a running stack: where it is, which model, where the report goes."""
+    parser.add_argument("--url", default=os.environ.get("PLATFORM_URL", "http://127.0.0.1:8000"))
+    parser.add_argument("--model", default="router")
+    parser.add_argument(
+        "--children", type=int, default=int(os.environ.get("ONLINE_CONCURRENCY", 2)), help="online worker children"
+    )
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    parser.add_argument("--out", default=str(OUT))
+
+
+@dataclass
+class Target:
+    """The running stack a benchmark drives (from `stack_arguments`): its model's endpoint, its Redis, and
+    its web and online worker processes (found once: see the module's docstring)."""
+
+    out: Path
+    token: str
+    predict_url: str
+    client: redis.Redis
+    web: list[psutil.Process]
+    workers: list[psutil.Process]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Token {self.token}"}
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Target:
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings.local")
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        return cls(
+            out=out,
+            token=default_token(),
+            predict_url=f"{args.url}/api/v1/models/{args.model}/predict",
+            client=redis.Redis.from_url(args.redis_url, decode_responses=True),
+            web=with_children(processes(["-m platform_.server"])),
+            workers=with_children(processes(["celery", "-Q online"])),
+        )
 
 
 def run_step(system, url, headers, concurrency, seconds, server_procs, worker_procs, client, seed) -> Step:
@@ -432,31 +474,19 @@ def targets(steps: list[Step], ceiling: Ceiling, scenarios: dict) -> list[tuple[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default=os.environ.get("PLATFORM_URL", "http://127.0.0.1:8000"))
-    parser.add_argument("--model", default="router")
+    stack_arguments(parser)
     parser.add_argument("--concurrency", default="1,2,4,8,16,32,40")
     parser.add_argument("--seconds", type=float, default=30.0, help="per step")
     parser.add_argument("--no-naive", action="store_true")
     parser.add_argument("--no-ceiling", action="store_true")
-    parser.add_argument(
-        "--children", type=int, default=int(os.environ.get("ONLINE_CONCURRENCY", 2)), help="online worker children"
-    )
     parser.add_argument("--scenarios", default="overload,isolation", help="comma list, or empty")
     parser.add_argument("--scenario-seconds", type=float, default=60.0)
-    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
 
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "platform_.settings.local")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    stack = Target.of(args)
+    out, token, headers, platform_url = stack.out, stack.token, stack.headers, stack.predict_url
+    client, web, workers = stack.client, stack.web, stack.workers
     levels = [int(c) for c in args.concurrency.split(",")]
-    token = default_token()
-    headers = {"Authorization": f"Token {token}"}
-    platform_url = f"{args.url}/api/v1/models/{args.model}/predict"
-    client = redis.Redis.from_url(args.redis_url, decode_responses=True)
-    web = with_children(processes(["-m platform_.server"]))
-    workers = with_children(processes(["celery", "-Q online"]))
 
     ceiling = None
     if not args.no_ceiling:

@@ -7,42 +7,17 @@ report, table and chart were written.
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.benchmarks.driver import run_benchmark
 
 pytestmark = pytest.mark.integration
 
 
 def test_sweep_runs_both_systems_and_writes_its_report(stack, redis_url, tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.sweep",
-            "--url",
-            stack.url,
-            "--concurrency",
-            "1,4",
-            "--seconds",
-            "2",
-            "--no-ceiling",
-            "--scenarios",
-            "",
-            "--redis-url",
-            redis_url,
-            "--out",
-            str(tmp_path),
-        ],  # fmt: skip
-        cwd=ROOT,
-        env={**stack.env, "API_TOKEN": stack.token},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    args = "--concurrency 1,4 --seconds 2 --no-ceiling".split() + ["--scenarios", ""]
+    result = run_benchmark("benchmarks.sweep", stack, redis_url, tmp_path, *args)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = list(csv.DictReader((tmp_path / "sweep.csv").open()))
     assert [(r["system"], r["concurrency"]) for r in rows] == [
