@@ -29,7 +29,7 @@ import psutil
 
 from benchmarks.ceiling import parallel_sorted_rate
 from benchmarks.loadgen import CORPUS
-from benchmarks.sweep import Step, Target, ceiling_gap, fmt, run_step, stack_arguments, start_naive
+from benchmarks.sweep import Step, Target, ceiling_gap, fmt, run_step, stack_arguments, start_naive, verdict_table
 
 # Issue 23's targets: at low load at least the naive server's QPS; the peak at least this share of the ceiling.
 LOW_TARGET = 1.0
@@ -132,10 +132,7 @@ def report(rounds: list[Round], children: int, seconds: float, model: str) -> st
     errors = sum(s.errors + s.timeouts_504 for r in rounds for s in _steps(r))
     refused = sum(s.refused_503 for r in rounds for s in _steps(r))
     lines += ["", f"Errors and 504 over all steps: {errors}; 503: {refused}.", ""]
-    lines += ["| target | figures | met |", "|---|---|---|"]
-    lines += [
-        f"| {t} | {f} | {'–' if ok is None else 'met' if ok else 'missed'} |" for t, f, ok in summary(rounds, children)
-    ]
+    lines += verdict_table(summary(rounds, children))
     return "\n".join(lines)
 
 
@@ -155,14 +152,16 @@ def main() -> None:
     args = parser.parse_args()
 
     stack = Target.of(args)
-    out, headers, platform_url = stack.out, stack.headers, stack.predict_url
-    client, web, workers = stack.client, stack.web, stack.workers
     levels = [int(c) for c in args.low.split(",") if c]
     texts = [CORPUS[i % len(CORPUS)] for i in range(args.ceiling_texts)]
     reachable_dispatch = max(1, args.peak // args.children)
 
     naive, naive_url = start_naive(args.model)
-    naive_procs = [psutil.Process(naive.pid)]
+    # What run_step needs per system after its name and load: url, headers, server and worker processes, Redis.
+    systems = {
+        "platform": (stack.predict_url, stack.headers, stack.web, stack.workers, stack.client),
+        "naive": (naive_url, {}, [psutil.Process(naive.pid)], [], None),
+    }
     rounds: list[Round] = []
     try:
         for index in range(1, args.rounds + 1):
@@ -172,20 +171,17 @@ def main() -> None:
                 parallel_sorted_rate(args.model, texts, args.children, args.batch_size),
                 parallel_sorted_rate(args.model, texts, args.children, args.batch_size, dispatch=reachable_dispatch),
             )
+            order = ("platform", "naive") if index % 2 else ("naive", "platform")
             for level in levels:
-                order = ("platform", "naive") if index % 2 else ("naive", "platform")
                 got = {}
                 for system in order:
                     print(f"round {index}: {system} c={level} ...", flush=True)
-                    if system == "platform":
-                        got[system] = run_step(
-                            system, platform_url, headers, level, args.seconds, web, workers, client, index
-                        )
-                    else:
-                        got[system] = run_step(system, naive_url, {}, level, args.seconds, naive_procs, [], None, index)
+                    url, headers, server, workers, client = systems[system]
+                    got[system] = run_step(system, url, headers, level, args.seconds, server, workers, client, index)
                 rnd.low[level] = (got["platform"], got["naive"])
             print(f"round {index}: platform c={args.peak} ...", flush=True)
-            rnd.peak = run_step("platform", platform_url, headers, args.peak, args.seconds, web, workers, client, index)
+            url, headers, server, workers, client = systems["platform"]
+            rnd.peak = run_step("platform", url, headers, args.peak, args.seconds, server, workers, client, index)
             rounds.append(rnd)
     finally:
         naive.terminate()
@@ -193,9 +189,9 @@ def main() -> None:
 
     text = report(rounds, args.children, args.seconds, args.model)
     print("\n" + text)
-    (out / "ab.md").write_text(text + "\n")
-    (out / "ab.json").write_text(json.dumps([asdict(r) for r in rounds], indent=2, default=str))
-    print(f"\nwrote {out / 'ab.md'}, ab.json")
+    (stack.out / "ab.md").write_text(text + "\n")
+    (stack.out / "ab.json").write_text(json.dumps([asdict(r) for r in rounds], indent=2, default=str))
+    print(f"\nwrote {stack.out / 'ab.md'}, ab.json")
 
 
 if __name__ == "__main__":

@@ -472,6 +472,12 @@ def targets(steps: list[Step], ceiling: Ceiling, scenarios: dict) -> list[tuple[
     return out
 
 
+def verdict_table(rows: list[tuple[str, str, bool | None]]) -> list[str]:
+    """Markdown lines of (target, figures, met) rows; None in `met` is an informational row ("–")."""
+    lines = ["| target | figures | met |", "|---|---|---|"]
+    return lines + [f"| {t} | {f} | {'–' if ok is None else 'met' if ok else 'missed'} |" for t, f, ok in rows]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     stack_arguments(parser)
@@ -542,11 +548,7 @@ def main() -> None:
     for name, figures in scenarios.items():
         report += [f"{name}: `{json.dumps(figures)}`", ""]
     if ceiling:
-        report += ["| target | figures | met |", "|---|---|---|"]
-        report += [
-            f"| {t} | {f} | {'–' if ok is None else 'met' if ok else 'missed'} |"
-            for t, f, ok in targets(steps, ceiling, scenarios)
-        ]
+        report += verdict_table(targets(steps, ceiling, scenarios))
     text = "\n".join(report)
     print("\n" + text)
     (out / "sweep.md").write_text(text + "\n")
